@@ -1,0 +1,85 @@
+"""REST API for nodes and the cluster state."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from cluster import selectors, services
+from cluster.models import LeadershipTerm, SchedulerNode
+from jobs.api.views import actor_from
+from jobs.roles import OPERATOR
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SchedulerNode
+        fields = [
+            "id",
+            "node_id",
+            "hostname",
+            "pid",
+            "version",
+            "queues",
+            "started_at",
+            "last_heartbeat",
+            "status",
+            "capacity",
+            "running_count",
+            "drain_requested",
+        ]
+        read_only_fields = fields
+
+
+class TermSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = LeadershipTerm
+        fields = ["term", "node_id", "acquired_at", "ended_at", "end_reason"]
+        read_only_fields = fields
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Scheduler nodes (viewer) and the drain action (operator)."""
+
+    queryset = SchedulerNode.objects.all()
+    serializer_class = NodeSerializer
+    filterset_fields = ["status"]
+    role_by_action = {"drain": OPERATOR}
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, pk: str | None = None) -> Response:
+        node = services.node_request_drain(node_pk=self.get_object().pk, by=actor_from(request))
+        return Response(NodeSerializer(node).data)
+
+
+class TermViewSet(viewsets.ReadOnlyModelViewSet):
+    """Leadership terms, newest first (the leadership timeline)."""
+
+    queryset = LeadershipTerm.objects.all()
+    serializer_class = TermSerializer
+    filterset_fields = ["node_id"]
+
+
+class ClusterStateView(APIView):
+    """The leader, its term, and node counts by status."""
+
+    @extend_schema(
+        responses=inline_serializer(
+            "ClusterState",
+            {
+                "leader": serializers.CharField(allow_null=True),
+                "term": serializers.IntegerField(allow_null=True),
+                "leader_since": serializers.DateTimeField(allow_null=True),
+                "coordination": serializers.CharField(),
+                "nodes": serializers.DictField(child=serializers.IntegerField()),
+                "time": serializers.DateTimeField(),
+            },
+        )
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.cluster_state())

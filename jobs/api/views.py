@@ -1,0 +1,225 @@
+"""REST API views: thin — parse, call one service or selector, render."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs import schedules, services
+from jobs.api.serializers import (
+    AuditEventSerializer,
+    ExecutionSerializer,
+    JobSerializer,
+    JobWriteSerializer,
+    SchedulePreviewSerializer,
+)
+from jobs.models import AuditEvent, AuditSource, Job, JobExecution
+from jobs.roles import OPERATOR
+from jobs.states import ExecutionStatus
+from jobs.validation import schedule_preview_args
+
+ERR_BODY_NOT_OBJECT = "Expected a JSON object."
+ERR_BAD_VERSION = "Must be an integer."
+PREVIEW_DEFAULT_COUNT = 5
+
+
+def actor_from(request: Request) -> services.Actor:
+    return services.Actor(
+        user=request.user, source=AuditSource.API, remote_addr=request.META.get("REMOTE_ADDR")
+    )
+
+
+def _body(request: Request) -> dict[str, Any]:
+    if not isinstance(request.data, dict):
+        raise ValidationError({"non_field_errors": [ERR_BODY_NOT_OBJECT]})
+    return dict(request.data)
+
+
+def _pop_version(request: Request, body: dict[str, Any]) -> int | None:
+    """The version the client read: ``version`` in the body, or an If-Match header."""
+    raw = body.pop("version", None)
+    if raw is None:
+        raw = request.headers.get("If-Match", "").strip('"W/ ') or None
+    if raw is None:
+        return None
+    if isinstance(raw, bool):
+        raise ValidationError({"version": [ERR_BAD_VERSION]})
+    try:
+        return int(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError({"version": [ERR_BAD_VERSION]}) from exc
+
+
+class JobFilter(django_filters.FilterSet):
+    class Meta:
+        model = Job
+        fields = ["enabled", "task", "schedule_type", "queue", "concurrency_policy"]
+
+
+class JobViewSet(viewsets.ModelViewSet):
+    """Jobs: CRUD (admin) plus trigger / pause / resume (operator)."""
+
+    queryset = Job.objects.all()
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+    search_fields = ["name", "description", "task"]
+    ordering_fields = ["name", "next_fire_at", "created_at", "updated_at", "priority"]
+    role_by_action = {"trigger": OPERATOR, "pause": OPERATOR, "resume": OPERATOR}
+
+    @extend_schema(request=JobWriteSerializer, responses={201: JobSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        body = _body(request)
+        body.pop("version", None)
+        job = services.job_create(data=body, by=actor_from(request))
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobWriteSerializer, responses={200: JobSerializer})
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        body = _body(request)
+        job = self.get_object()
+        version = _pop_version(request, body)
+        job = services.job_update(
+            job_id=job.pk,
+            expected_version=version,
+            changes=body,
+            by=actor_from(request),
+            replace=not kwargs.get("partial", False),
+        )
+        return Response(JobSerializer(job).data)
+
+    @extend_schema(request=JobWriteSerializer, responses={200: JobSerializer})
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return self.update(request, *args, partial=True, **kwargs)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("version", int, description="Optional optimistic-lock check")]
+    )
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        job = self.get_object()
+        raw = request.query_params.get("version")
+        try:
+            version = int(raw) if raw is not None else None
+        except ValueError as exc:
+            raise ValidationError({"version": [ERR_BAD_VERSION]}) from exc
+        services.job_delete(job_id=job.pk, by=actor_from(request), expected_version=version)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses={201: ExecutionSerializer})
+    @action(detail=True, methods=["post"])
+    def trigger(self, request: Request, pk: str | None = None) -> Response:
+        execution = services.job_trigger(job_id=self.get_object().pk, by=actor_from(request))
+        return Response(ExecutionSerializer(execution).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str | None = None) -> Response:
+        job = services.job_pause(job_id=self.get_object().pk, by=actor_from(request))
+        return Response(JobSerializer(job).data)
+
+    @extend_schema(request=None, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        job = services.job_resume(job_id=self.get_object().pk, by=actor_from(request))
+        return Response(JobSerializer(job).data)
+
+
+class ExecutionFilter(django_filters.FilterSet):
+    status = django_filters.MultipleChoiceFilter(choices=ExecutionStatus.choices)
+    job_name = django_filters.CharFilter(field_name="job__name")
+    scheduled_after = django_filters.IsoDateTimeFilter(
+        field_name="scheduled_for", lookup_expr="gte"
+    )
+    scheduled_before = django_filters.IsoDateTimeFilter(
+        field_name="scheduled_for", lookup_expr="lt"
+    )
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    finished_after = django_filters.IsoDateTimeFilter(field_name="finished_at", lookup_expr="gte")
+    finished_before = django_filters.IsoDateTimeFilter(field_name="finished_at", lookup_expr="lt")
+
+    class Meta:
+        model = JobExecution
+        fields = ["job", "status", "node", "trigger", "queue", "attempt"]
+
+
+class ExecutionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Executions: list/filter and detail (viewer), cancel and retry (operator)."""
+
+    queryset = JobExecution.objects.select_related("job", "triggered_by")
+    serializer_class = ExecutionSerializer
+    filterset_class = ExecutionFilter
+    ordering_fields = ["scheduled_for", "created_at", "started_at", "finished_at", "duration_ms"]
+    role_by_action = {"cancel": OPERATOR, "retry": OPERATOR}
+
+    @extend_schema(request=None, responses={200: ExecutionSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        execution = services.execution_cancel(
+            execution_id=self.get_object().pk, by=actor_from(request)
+        )
+        return Response(ExecutionSerializer(execution).data)
+
+    @extend_schema(request=None, responses={201: ExecutionSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        execution = services.execution_retry(
+            execution_id=self.get_object().pk, by=actor_from(request)
+        )
+        return Response(ExecutionSerializer(execution).data, status=status.HTTP_201_CREATED)
+
+
+class AuditEventFilter(django_filters.FilterSet):
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = AuditEvent
+        fields = ["object_type", "object_id", "action", "actor_name", "source"]
+
+
+class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
+    """The audit trail (read-only)."""
+
+    queryset = AuditEvent.objects.all()
+    serializer_class = AuditEventSerializer
+    filterset_class = AuditEventFilter
+    search_fields = ["object_repr", "actor_name", "action"]
+
+
+class SchedulePreviewView(APIView):
+    """The next fire times and a description of a schedule, for the editor's live preview."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("schedule_type", str, required=True),
+            OpenApiParameter("cron_expression", str),
+            OpenApiParameter("timezone", str),
+            OpenApiParameter("interval_seconds", int),
+            OpenApiParameter("start_at", OpenApiTypes.DATETIME),
+            OpenApiParameter("run_at", OpenApiTypes.DATETIME),
+            OpenApiParameter("count", int),
+        ],
+        responses={200: SchedulePreviewSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        kwargs, count = schedule_preview_args(params, default_count=PREVIEW_DEFAULT_COUNT)
+        now = timezone.now()
+        try:
+            fires = schedules.next_fires(count=count, after=now, **kwargs)
+            description = schedules.describe_schedule(
+                **{k: v for k, v in kwargs.items() if k != "start_at"}
+            )
+        except schedules.ScheduleError as exc:
+            raise ValidationError({exc.field: [exc.message]}) from exc
+        return Response({"next_fires": [f.isoformat() for f in fires], "description": description})

@@ -1,0 +1,21 @@
+"""In-process change notifications, always sent after the transaction commits.
+
+The scheduler subscribes to ``job_changed`` to wake up early; the dashboard subscribes to both to
+push updates. A receiver never sees a state that the database rolled back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.dispatch import Signal
+
+# kwargs: job_id (int), change (str: created, updated, deleted, paused, resumed, triggered)
+job_changed = Signal()
+# kwargs: execution_id (int), job_id (int), status (str)
+execution_changed = Signal()
+
+
+def send_after_commit(signal: Signal, **payload: Any) -> None:
+    transaction.on_commit(lambda: signal.send_robust(sender=None, **payload))

@@ -1,0 +1,152 @@
+"""Operator CLI for jobs: list, trigger, pause, resume, export and apply definitions.
+
+    python manage.py jobs list [--json]
+    python manage.py jobs trigger NAME
+    python manage.py jobs pause NAME | resume NAME
+    python manage.py jobs export [--format yaml|json] [--output FILE] [NAME ...]
+    python manage.py jobs apply FILE [--dry-run] [--prune]
+
+Errors print a message and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from jobs import selectors, services
+from jobs.models import AuditSource, Job
+from jobs.services import ActionNotAllowed, Actor
+from jobs.validation import JobValidationError
+
+CLI_ACTOR = Actor(source=AuditSource.CLI)
+EXIT_USAGE = 2
+
+
+class Command(BaseCommand):
+    help = "List, trigger, pause, resume, export and apply jobs."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        listing = sub.add_parser("list", help="List jobs")
+        listing.add_argument("--json", action="store_true", help="Machine-readable output")
+        for name in ("trigger", "pause", "resume"):
+            sub.add_parser(name, help=f"{name.capitalize()} a job").add_argument("job")
+        export = sub.add_parser("export", help="Write job definitions as YAML or JSON")
+        export.add_argument("names", nargs="*")
+        export.add_argument("--format", choices=["yaml", "json"], default="yaml")
+        export.add_argument("--output", "-o", help="File to write (default: standard output)")
+        apply = sub.add_parser("apply", help="Create/update jobs by name from a YAML/JSON file")
+        apply.add_argument("file", help="Path, or - for standard input")
+        apply.add_argument("--dry-run", action="store_true", help="Show the diff, write nothing")
+        apply.add_argument("--prune", action="store_true", help="Delete jobs absent from the file")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        try:
+            getattr(self, f"do_{action}")(**options)
+        except Job.DoesNotExist as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        except JobValidationError as exc:
+            lines = [f"  {field}: {' '.join(reasons)}" for field, reasons in exc.errors.items()]
+            raise CommandError(
+                "invalid job definition(s), nothing written:\n" + "\n".join(lines),
+                returncode=EXIT_USAGE,
+            ) from exc
+        except ActionNotAllowed as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+
+    def do_list(self, *, json: bool = False, **_: Any) -> None:
+        jobs = list(selectors.job_list())
+        if json:
+            self.stdout.write(_dumps_json(selectors.job_definitions_export()))
+            return
+        header = f"{'NAME':30} {'TASK':20} {'SCHEDULE':28} {'ENABLED':8} NEXT FIRE (UTC)"
+        self.stdout.write(header)
+        for job in jobs:
+            schedule = job.cron_expression or (
+                f"every {job.interval_seconds}s"
+                if job.interval_seconds
+                else f"once {job.run_at:%Y-%m-%d %H:%M:%S}"
+            )
+            next_fire = job.next_fire_at.strftime("%Y-%m-%d %H:%M:%S") if job.next_fire_at else "-"
+            self.stdout.write(
+                f"{job.name[:30]:30} {job.task[:20]:20} {schedule[:28]:28} "
+                f"{'yes' if job.enabled else 'no':8} {next_fire}"
+            )
+
+    def do_trigger(self, *, job: str, **_: Any) -> None:
+        target = selectors.job_get_by_name_or_id(job)
+        execution = services.job_trigger(job_id=target.pk, by=CLI_ACTOR)
+        self.stdout.write(f"triggered {target.name}: execution {execution.pk}")
+
+    def do_pause(self, *, job: str, **_: Any) -> None:
+        target = services.job_pause(job_id=selectors.job_get_by_name_or_id(job).pk, by=CLI_ACTOR)
+        self.stdout.write(f"paused {target.name}")
+
+    def do_resume(self, *, job: str, **_: Any) -> None:
+        target = services.job_resume(job_id=selectors.job_get_by_name_or_id(job).pk, by=CLI_ACTOR)
+        self.stdout.write(f"resumed {target.name}; next fire {target.next_fire_at}")
+
+    def do_export(self, *, names: list[str], format: str, output: str | None, **_: Any) -> None:
+        definitions = selectors.job_definitions_export(names=names or None)
+        missing = set(names) - {d["name"] for d in definitions}
+        if missing:
+            raise CommandError(
+                f"no such job(s): {', '.join(sorted(missing))}", returncode=EXIT_USAGE
+            )
+        if format == "json":
+            text = _dumps_json({"jobs": definitions})
+        else:
+            text = yaml.safe_dump({"jobs": definitions}, sort_keys=False, allow_unicode=True)
+        if output:
+            Path(output).write_text(text)
+            self.stderr.write(f"wrote {len(definitions)} job(s) to {output}")
+        else:
+            self.stdout.write(text)
+
+    def do_apply(self, *, file: str, dry_run: bool, prune: bool, **_: Any) -> None:
+        definitions = _load_definitions(file)
+        results = services.job_apply_definitions(
+            definitions=definitions, by=CLI_ACTOR, dry_run=dry_run, prune=prune
+        )
+        prefix = "(dry run) " if dry_run else ""
+        for result in results:
+            self.stdout.write(f"{prefix}{result.action:9} {result.name}")
+            if result.action == "updated":
+                for field, (before, after) in result.changes.items():
+                    self.stdout.write(f"    {field}: {before!r} -> {after!r}")
+        counts = {
+            a: sum(r.action == a for r in results)
+            for a in ("created", "updated", "unchanged", "deleted")
+        }
+        self.stdout.write(prefix + ", ".join(f"{n} {a}" for a, n in counts.items()))
+
+
+def _dumps_json(data: Any) -> str:
+    return json.dumps(data, indent=2, default=str)
+
+
+def _load_definitions(file: str) -> list[Any]:
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+    except OSError as exc:
+        raise CommandError(f"cannot read {file}: {exc.strerror}", returncode=EXIT_USAGE) from exc
+    try:
+        # YAML is a superset of JSON: one safe loader reads both. No custom tags, no objects.
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CommandError(f"{file} is not valid YAML/JSON: {exc}", returncode=EXIT_USAGE) from exc
+    if isinstance(data, dict) and "jobs" in data:
+        data = data["jobs"]
+    if not isinstance(data, list):
+        raise CommandError(
+            f"{file}: expected a list of job definitions (or {{jobs: [...]}})",
+            returncode=EXIT_USAGE,
+        )
+    return data

@@ -1,0 +1,231 @@
+"""Jobs, their executions and the audit trail (DESIGN §3).
+
+Validation of a job's fields lives in ``jobs.validation`` and is run by the services, the API and the
+admin alike; the database adds check and unique constraints as the last line of defence.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from jobs.states import ExecutionStatus
+
+# Upper bounds of numeric job fields: large enough for any real use, small enough to catch typos and
+# overflow ("absurd numbers"). Shared with validation and the API schema.
+MAX_INTERVAL_S = 366 * 24 * 3600
+MAX_TIMEOUT_S = 7 * 24 * 3600
+MAX_RETRIES = 100
+MAX_BACKOFF_S = 7 * 24 * 3600
+MAX_GRACE_S = 7 * 24 * 3600
+MAX_SPREAD_S = 24 * 3600
+MAX_RUN_ALL_CATCHUP = 1000
+MAX_PRIORITY = 1000
+MAX_OUTPUT_CHARS = 64 * 1024
+
+
+class ScheduleType(models.TextChoices):
+    CRON = "cron", "Cron"
+    INTERVAL = "interval", "Interval"
+    ONCE = "once", "Once"
+
+
+class MisfirePolicy(models.TextChoices):
+    RUN_ONCE = "run_once", "Run once"
+    SKIP = "skip", "Skip"
+    RUN_ALL = "run_all", "Run all (bounded)"
+
+
+class ConcurrencyPolicy(models.TextChoices):
+    FORBID = "forbid", "Forbid"
+    BUFFER_ONE = "buffer_one", "Buffer one"
+    REPLACE = "replace", "Replace"
+    ALLOW = "allow", "Allow"
+
+
+class Isolation(models.TextChoices):
+    THREAD = "thread", "Thread (fast; a hung task can only be abandoned)"
+    PROCESS = "process", "Process (a hung or cancelled task is killed)"
+
+
+class Trigger(models.TextChoices):
+    SCHEDULE = "schedule", "Schedule"
+    MANUAL = "manual", "Manual"
+    RETRY = "retry", "Retry"
+    API = "api", "API"
+
+
+class Job(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    description = models.TextField(blank=True, default="")
+    task = models.CharField(max_length=200)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+
+    schedule_type = models.CharField(max_length=16, choices=ScheduleType.choices)
+    cron_expression = models.CharField(max_length=200, blank=True, default="")
+    timezone = models.CharField(max_length=64, default="UTC")
+    interval_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Interval slots are start_at + k * interval; with no start_at they are aligned to the Unix epoch.
+    start_at = models.DateTimeField(null=True, blank=True)
+    run_at = models.DateTimeField(null=True, blank=True)
+
+    enabled = models.BooleanField(default=True)
+    # The next nominal fire slot; NULL when the schedule has no further fire or the job is paused.
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fire_at = models.DateTimeField(null=True, blank=True)
+
+    misfire_policy = models.CharField(
+        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE
+    )
+    misfire_grace_seconds = models.PositiveIntegerField(default=60)
+    run_all_max = models.PositiveIntegerField(default=10)
+    concurrency_policy = models.CharField(
+        max_length=16, choices=ConcurrencyPolicy.choices, default=ConcurrencyPolicy.FORBID
+    )
+
+    max_retries = models.PositiveIntegerField(default=0)
+    retry_backoff_base = models.FloatField(default=1.0)  # seconds before the first retry
+    retry_backoff_factor = models.FloatField(default=2.0)
+    retry_backoff_max = models.FloatField(default=300.0)  # seconds, cap of one delay
+    retry_jitter = models.BooleanField(default=True)
+
+    timeout_seconds = models.PositiveIntegerField(null=True, blank=True)
+    isolation = models.CharField(max_length=16, choices=Isolation.choices, default=Isolation.THREAD)
+    priority = models.IntegerField(default=0)
+    queue = models.CharField(max_length=64, default="default")
+    spread_seconds = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Optimistic lock: every update is conditional on the version the editor read.
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [
+            # The scheduler asks "which enabled jobs are due": this index answers without a scan.
+            models.Index(fields=["enabled", "next_fire_at"], name="job_due_idx"),
+            models.Index(fields=["task"], name="job_task_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="job_schedule_fields",
+                condition=(
+                    Q(schedule_type="cron") & ~Q(cron_expression="")
+                    # NULL compares as unknown and a CHECK passes on unknown: test IS NOT NULL.
+                    | Q(
+                        schedule_type="interval",
+                        interval_seconds__isnull=False,
+                        interval_seconds__gt=0,
+                    )
+                    | Q(schedule_type="once", run_at__isnull=False)
+                ),
+            ),
+            models.CheckConstraint(
+                name="job_timeout_positive",
+                condition=Q(timeout_seconds__isnull=True) | Q(timeout_seconds__gt=0),
+            ),
+            models.CheckConstraint(
+                name="job_backoff_nonnegative",
+                condition=Q(retry_backoff_base__gte=0)
+                & Q(retry_backoff_factor__gte=1)
+                & Q(retry_backoff_max__gte=0),
+            ),
+            models.CheckConstraint(name="job_version_positive", condition=Q(version__gte=1)),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class JobExecution(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="executions")
+    scheduled_for = models.DateTimeField()  # the fire slot
+    attempt = models.PositiveIntegerField(default=1)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.SCHEDULE)
+    status = models.CharField(
+        max_length=16, choices=ExecutionStatus.choices, default=ExecutionStatus.PENDING
+    )
+    # Not to be started before this instant (spread offset, retry backoff, hand-out ahead of time).
+    run_after = models.DateTimeField()
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.IntegerField(default=0)
+
+    term = models.BigIntegerField(null=True, blank=True)  # leader term that created it
+    node = models.CharField(max_length=128, blank=True, default="")
+    # NULL (not "") means unclaimed: a claim is "UPDATE ... WHERE claim_token IS NULL".
+    claim_token = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    cancel_requested = models.BooleanField(default=False)
+    reason = models.CharField(max_length=255, blank=True, default="")  # why skipped/lost/cancelled
+    triggered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    output = models.TextField(blank=True, default="")  # bounded to MAX_OUTPUT_CHARS by the writer
+
+    class Meta:
+        ordering = ["-scheduled_for", "-attempt"]
+        constraints = [
+            # The last line of defence against a duplicate fire.
+            models.UniqueConstraint(
+                fields=["job", "scheduled_for", "attempt"], name="execution_unique_fire"
+            ),
+            models.CheckConstraint(name="execution_attempt_positive", condition=Q(attempt__gte=1)),
+        ]
+        indexes = [
+            models.Index(fields=["status", "queue", "run_after"], name="execution_claim_idx"),
+            models.Index(fields=["status", "node"], name="execution_node_idx"),
+            models.Index(fields=["job", "status"], name="execution_job_status_idx"),
+            models.Index(fields=["created_at"], name="execution_created_idx"),
+            models.Index(fields=["finished_at"], name="execution_finished_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.scheduled_for.isoformat()}#{self.attempt}"
+
+
+class AuditSource(models.TextChoices):
+    UI = "ui", "Dashboard"
+    API = "api", "API"
+    ADMIN = "admin", "Admin"
+    CLI = "cli", "CLI"
+    SYSTEM = "system", "System"
+
+
+class AuditEvent(models.Model):
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(max_length=150, blank=True, default="")
+    action = models.CharField(max_length=64)
+    object_type = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=64)
+    object_repr = models.CharField(max_length=255, blank=True, default="")
+    changes = models.JSONField(default=dict, blank=True)  # {"field": [before, after]}
+    source = models.CharField(max_length=16, choices=AuditSource.choices)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.actor_name or 'system'} {self.action} {self.object_type}:{self.object_id}"

@@ -1,0 +1,309 @@
+"""The task registry: which Python callables a job may name, and how a call to one is checked.
+
+A job names a registered task plus JSON ``args`` (a list) and ``kwargs`` (an object). Tasks are
+registered with the :func:`task` decorator in an app's ``tasks`` module; :func:`autodiscover`
+(called from ``JobsConfig.ready``) imports every installed app's ``tasks`` module.
+
+:func:`validate_task_call` is what job creation runs: it refuses an unknown task, arguments that
+are not plain JSON, arguments the task's own ``validate`` hook rejects, and a call that could not
+bind to the function's signature, so a bad job is refused when it is defined, not when it runs.
+
+The registry is a module-level dict guarded by a lock; registering is thread-safe.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+ERR_UNKNOWN_TASK = "unknown task {name!r}; registered tasks: {known}"
+# How many registered names an UnknownTask message lists.
+UNKNOWN_TASK_LIST_LIMIT = 10
+TRUNCATION_MARKER = "...[output truncated]"
+DEFAULT_OUTPUT_LIMIT = 64 * 1024
+
+Validator = Callable[[list, dict], None]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    func: Callable[..., Any]
+    description: str  # first line of the docstring
+    takes_context: bool  # if True the executor passes context=TaskContext(...) as a keyword
+    validate: Validator | None  # raises TaskArgumentError for bad args at job-creation time
+
+
+class TaskError(Exception):
+    """Base class of every error the registry and the built-in tasks raise."""
+
+
+class UnknownTask(TaskError):
+    def __init__(self, name: str, known: list[str] | None = None) -> None:
+        self.name = name
+        names = task_names() if known is None else sorted(known)
+        if not names:
+            listed = "(none)"
+        else:
+            listed = ", ".join(repr(n) for n in names[:UNKNOWN_TASK_LIST_LIMIT])
+            if len(names) > UNKNOWN_TASK_LIST_LIMIT:
+                listed += f", ... ({len(names)} in all)"
+        super().__init__(ERR_UNKNOWN_TASK.format(name=name, known=listed))
+
+
+class TaskArgumentError(TaskError):
+    """Bad arguments for a task. ``field`` is ``"args"`` or ``"kwargs"``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+class DuplicateTask(TaskError):
+    """A different function is already registered under this name."""
+
+
+_registry: dict[str, TaskSpec] = {}
+_lock = threading.Lock()
+_discover_lock = threading.RLock()
+
+
+def _description(func: Callable[..., Any]) -> str:
+    doc = inspect.getdoc(func) or ""
+    for line in doc.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _accepts_context_keyword(func: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+    param = params.get("context")
+    if param is not None:
+        return param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+    return any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _same_definition(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    """True for the same function object, or the same function re-created by a module reload."""
+    if a is b:
+        return True
+    return (
+        getattr(a, "__module__", None) is not None
+        and getattr(a, "__module__", None) == getattr(b, "__module__", None)
+        and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+        and "<locals>" not in getattr(a, "__qualname__", "<locals>")
+    )
+
+
+def _register(
+    func: Callable[..., Any],
+    name: str | None,
+    takes_context: bool,
+    validate: Validator | None,
+) -> Callable[..., Any]:
+    if not callable(func):
+        raise TypeError(f"@task needs a callable, got {func!r}")
+    if validate is not None and not callable(validate):
+        raise TypeError(f"validate must be callable or None, got {validate!r}")
+    task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
+    if not isinstance(task_name, str) or not task_name.strip():
+        raise TypeError(f"task name must be a non-empty string, got {task_name!r}")
+    if takes_context and not _accepts_context_keyword(func):
+        raise TypeError(
+            f"task {task_name!r} is registered with takes_context=True but "
+            f"{func.__qualname__} has no 'context' keyword parameter"
+        )
+    spec = TaskSpec(
+        name=task_name,
+        func=func,
+        description=_description(func),
+        takes_context=bool(takes_context),
+        validate=validate,
+    )
+    with _lock:
+        existing = _registry.get(task_name)
+        if existing is not None:
+            if existing.func is func:
+                return func  # the same function again: a no-op
+            if not _same_definition(existing.func, func):
+                raise DuplicateTask(
+                    f"task {task_name!r} is already registered to "
+                    f"{existing.func.__module__}.{existing.func.__qualname__}"
+                )
+            # The module was reloaded: the new function object replaces the old one.
+        _registry[task_name] = spec
+    return func
+
+
+def task(
+    name: str | Callable[..., Any] | None = None,
+    *,
+    takes_context: bool = False,
+    validate: Validator | None = None,
+) -> Any:
+    """Register a function as a task; returns the function unchanged.
+
+    ``@task("noop")``, ``@task()`` and bare ``@task`` all work; the default name is
+    ``f"{module}.{qualname}"``. Registering a different function under a taken name raises
+    :class:`DuplicateTask`; registering the same function again is a no-op.
+    """
+    if callable(name):  # bare @task
+        return _register(name, None, takes_context, validate)
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        return _register(func, name, takes_context, validate)
+
+    return decorator
+
+
+def get_task(name: str) -> TaskSpec:
+    with _lock:
+        spec = _registry.get(name) if isinstance(name, str) else None
+        known = sorted(_registry)
+    if spec is None:
+        raise UnknownTask(name, known)
+    return spec
+
+
+def is_registered(name: str) -> bool:
+    with _lock:
+        return isinstance(name, str) and name in _registry
+
+
+def task_names() -> list[str]:
+    with _lock:
+        return sorted(_registry)
+
+
+def _is_plain_json(value: Any) -> bool:
+    """True when ``value`` survives a JSON round trip unchanged (no tuples, sets, NaN, int keys)."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError, RecursionError):
+        return False
+
+
+_PLAIN_JSON = "lists, objects with string keys, strings, numbers, booleans and null only"
+
+
+def bind_arguments(
+    func: Callable[..., Any], args: list, kwargs: dict, *, takes_context: bool = False
+) -> inspect.BoundArguments | None:
+    """Bind ``args``/``kwargs`` to ``func``'s signature (the ``context`` keyword left out).
+
+    Returns the bound arguments (defaults applied), ``None`` when the signature cannot be
+    inspected, or raises :class:`TaskArgumentError` naming the parameter that does not fit.
+    """
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    if takes_context and "context" in kwargs:
+        raise TaskArgumentError("kwargs", "'context' is supplied by the scheduler, not by the job")
+    try:
+        if takes_context:
+            bound = signature.bind(*args, **kwargs, context=None)
+        else:
+            bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        reason = str(exc)
+        where = "args" if "too many positional" in reason else "kwargs"
+        raise TaskArgumentError(where, f"cannot call {func.__qualname__}: {reason}") from None
+    bound.apply_defaults()
+    if takes_context:
+        bound.arguments.pop("context", None)
+    return bound
+
+
+def validate_task_call(name: str, args: Any, kwargs: Any) -> None:
+    """Refuse, at job-creation time, a call that is bound to fail. Returns None when it is fine.
+
+    Raises :class:`UnknownTask`, or :class:`TaskArgumentError` when ``args`` is not a JSON list,
+    ``kwargs`` is not a JSON object with string keys, the task's ``validate`` hook refuses them, or
+    the call cannot bind to the function's signature (a missing or unexpected argument).
+    """
+    spec = get_task(name)
+    if not isinstance(args, list):
+        raise TaskArgumentError("args", f"must be a JSON list, got {type(args).__name__}")
+    if not isinstance(kwargs, dict):
+        raise TaskArgumentError("kwargs", f"must be a JSON object, got {type(kwargs).__name__}")
+    bad_keys = [key for key in kwargs if not isinstance(key, str)]
+    if bad_keys:
+        raise TaskArgumentError("kwargs", f"keys must be strings, got {bad_keys[0]!r}")
+    if not _is_plain_json(args):
+        raise TaskArgumentError("args", f"must be plain JSON ({_PLAIN_JSON})")
+    if not _is_plain_json(kwargs):
+        raise TaskArgumentError("kwargs", f"must be plain JSON ({_PLAIN_JSON})")
+    if spec.validate is not None:
+        spec.validate(list(args), dict(kwargs))
+    bind_arguments(spec.func, args, kwargs, takes_context=spec.takes_context)
+
+
+def autodiscover() -> None:
+    """Import every installed app's ``tasks`` module so its tasks register. Safe to call again."""
+    from django.utils.module_loading import autodiscover_modules
+
+    with _discover_lock:
+        autodiscover_modules("tasks")
+
+
+@dataclass
+class TaskContext:
+    """What a running task may use: who it runs for, a bounded output log and the cancel flag."""
+
+    execution_id: int | None
+    job_name: str
+    attempt: int
+    scheduled_for: datetime | None
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+    _parts: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    _size: int = field(default=0, init=False, repr=False, compare=False)
+    _truncated: bool = field(default=False, init=False, repr=False, compare=False)
+    _output_lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.output_limit < 0:
+            raise ValueError("output_limit must be >= 0")
+
+    def log(self, message: str) -> None:
+        """Append a line to the output; past ``output_limit`` characters the rest is dropped."""
+        line = f"{message}\n"
+        with self._output_lock:
+            if self._truncated:
+                return
+            room = self.output_limit - self._size
+            if len(line) <= room:
+                self._parts.append(line)
+                self._size += len(line)
+                return
+            if room > 0:
+                self._parts.append(line[:room])
+                self._size += room
+            self._truncated = True
+
+    @property
+    def output(self) -> str:
+        with self._output_lock:
+            text = "".join(self._parts)
+            return text + TRUNCATION_MARKER if self._truncated else text
+
+    @property
+    def truncated(self) -> bool:
+        return self._truncated
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()

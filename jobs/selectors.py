@@ -1,0 +1,65 @@
+"""Reads of jobs and executions used by the CLI, the dashboard and the API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+from jobs.models import Job, JobExecution
+from jobs.validation import WRITABLE_FIELDS
+
+
+def job_list(*, enabled: bool | None = None, search: str = "") -> QuerySet[Job]:
+    jobs = Job.objects.all()
+    if enabled is not None:
+        jobs = jobs.filter(enabled=enabled)
+    if search:
+        jobs = jobs.filter(name__icontains=search)
+    return jobs
+
+
+def job_get_by_name_or_id(ref: str) -> Job:
+    """A job by exact name, or by numeric id. Raises Job.DoesNotExist."""
+    job = Job.objects.filter(name=ref).first()
+    if job is None and ref.isdigit():
+        job = Job.objects.filter(pk=int(ref)).first()
+    if job is None:
+        raise Job.DoesNotExist(f"no job named {ref!r}")
+    return job
+
+
+def job_definitions_export(*, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Job definitions as plain data (the format ``jobs apply`` reads back)."""
+    jobs = Job.objects.all() if not names else Job.objects.filter(name__in=names)
+    out = []
+    for job in jobs.order_by("name"):
+        definition: dict[str, Any] = {}
+        for field in WRITABLE_FIELDS:
+            value = getattr(job, field)
+            definition[field] = value.isoformat() if isinstance(value, datetime) else value
+        out.append(definition)
+    return out
+
+
+def execution_list(
+    *,
+    job_id: int | None = None,
+    statuses: list[str] | None = None,
+    node: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[JobExecution]:
+    executions = JobExecution.objects.select_related("job")
+    if job_id is not None:
+        executions = executions.filter(job_id=job_id)
+    if statuses:
+        executions = executions.filter(status__in=statuses)
+    if node:
+        executions = executions.filter(node=node)
+    if since:
+        executions = executions.filter(scheduled_for__gte=since)
+    if until:
+        executions = executions.filter(scheduled_for__lt=until)
+    return executions

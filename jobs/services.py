@@ -1,0 +1,494 @@
+"""Writes on jobs and executions. Every write records an AuditEvent and notifies after commit.
+
+Services are keyword-only and named ``<entity>_<action>``. Views, serializers, admin actions and
+management commands call these and nothing else to change data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from jobs import events, schedules
+from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
+from jobs.states import RETRYABLE_STATES, ExecutionStatus, transition
+from jobs.validation import JOB_DEFAULTS, WRITABLE_FIELDS, JobValidationError, clean_job
+
+ERR_VERSION_CONFLICT = (
+    "The job was changed by someone else (your version {expected}, current version {current}). "
+    "Reload it and apply your change again."
+)
+ERR_NAME_TAKEN = "A job with this name already exists."
+ERR_CANNOT_CANCEL = "Cannot cancel an execution that is {status}."
+ERR_CANNOT_RETRY = (
+    "Only a failed, timed-out, lost or cancelled execution can be retried; this one is {status}."
+)
+ERR_ALREADY_RETRIED = "This fire slot already has a later attempt."
+ERR_VERSION_REQUIRED = "Required for updates: the version you last read (optimistic locking)."
+
+# Fields whose change moves the next fire time.
+SCHEDULE_INPUTS = (
+    "schedule_type",
+    "cron_expression",
+    "timezone",
+    "interval_seconds",
+    "start_at",
+    "run_at",
+)
+
+
+class VersionConflict(Exception):
+    def __init__(self, *, expected: int, current: int) -> None:
+        super().__init__(ERR_VERSION_CONFLICT.format(expected=expected, current=current))
+        self.expected = expected
+        self.current = current
+
+
+class ActionNotAllowed(Exception):
+    """The object is not in a state that allows the action (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who is acting and from where; every service takes one for the audit trail."""
+
+    user: Any = None
+    source: str = AuditSource.SYSTEM
+    remote_addr: str | None = None
+
+    @property
+    def name(self) -> str:
+        if self.user is not None and getattr(self.user, "is_authenticated", False):
+            return self.user.get_username()
+        return self.source
+
+    @property
+    def user_or_none(self) -> Any:
+        return self.user if getattr(self.user, "is_authenticated", False) else None
+
+
+SYSTEM = Actor()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def job_snapshot(job: Job) -> dict[str, Any]:
+    """The writable fields of a job as stored (Python values)."""
+    return {field: getattr(job, field) for field in WRITABLE_FIELDS}
+
+
+def audit_record(
+    *,
+    by: Actor,
+    action: str,
+    object_type: str,
+    object_id: Any,
+    object_repr: str = "",
+    changes: dict[str, Any] | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        actor=by.user_or_none,
+        actor_name=by.name,
+        action=action,
+        object_type=object_type,
+        object_id=str(object_id),
+        object_repr=object_repr[:255],
+        changes={k: [_jsonable(v) for v in pair] for k, pair in (changes or {}).items()},
+        source=by.source,
+        remote_addr=by.remote_addr,
+    )
+
+
+def job_first_fire(values: dict[str, Any], *, now: datetime) -> datetime | None:
+    """The first fire slot of a (new or rescheduled) job, or None when paused or exhausted."""
+    if not values.get("enabled"):
+        return None
+    if values["schedule_type"] == ScheduleType.ONCE:
+        # A one-off job is due at run_at even when that is a moment ago: the scheduler's misfire
+        # policy decides what a late fire means.
+        return values["run_at"]
+    return schedules.next_fire_after(
+        schedule_type=values["schedule_type"],
+        after=now,
+        cron_expression=values.get("cron_expression", ""),
+        timezone=values.get("timezone", "UTC"),
+        interval_seconds=values.get("interval_seconds"),
+        start_at=values.get("start_at"),
+    )
+
+
+def job_create(*, data: dict[str, Any], by: Actor, now: datetime | None = None) -> Job:
+    now = now or timezone.now()
+    values = clean_job(data, now=now)
+    try:
+        with transaction.atomic():
+            job = Job(
+                **values,
+                next_fire_at=job_first_fire(values, now=now),
+                created_by=by.user_or_none,
+                updated_by=by.user_or_none,
+            )
+            job.save()
+            audit_record(
+                by=by,
+                action="job.create",
+                object_type="job",
+                object_id=job.pk,
+                object_repr=job.name,
+                changes={field: [None, value] for field, value in values.items()},
+            )
+            events.send_after_commit(events.job_changed, job_id=job.pk, change="created")
+    except IntegrityError as exc:
+        if Job.objects.filter(name=values["name"]).exists():
+            raise JobValidationError({"name": [ERR_NAME_TAKEN]}) from exc
+        raise
+    return job
+
+
+def job_update(
+    *,
+    job_id: int,
+    expected_version: int | None,
+    changes: dict[str, Any],
+    by: Actor,
+    replace: bool = False,
+    now: datetime | None = None,
+) -> Job:
+    """Apply ``changes`` if the job is still at ``expected_version``; else raise VersionConflict.
+
+    ``replace=True`` (HTTP PUT) treats ``changes`` as the whole definition: fields left out return
+    to their defaults. Otherwise (PATCH, admin, CLI) they keep their current values.
+    """
+    now = now or timezone.now()
+    if expected_version is None:
+        raise JobValidationError({"version": [ERR_VERSION_REQUIRED]})
+    job = Job.objects.get(pk=job_id)
+    if job.version != expected_version:
+        raise VersionConflict(expected=expected_version, current=job.version)
+    before = job_snapshot(job)
+    # With replace, the base is the defaults; run_at is kept so that an unchanged past run_at of a
+    # one-off job is not mistaken for a new one in the past.
+    base = {**JOB_DEFAULTS, "run_at": before["run_at"]} if replace else before
+    values = clean_job(changes, now=now, current=base)
+    diff = {f: [before[f], values[f]] for f in WRITABLE_FIELDS if before[f] != values[f]}
+    if not diff:
+        return job
+    update: dict[str, Any] = {
+        **values,
+        "version": expected_version + 1,
+        "updated_at": now,
+        "updated_by": by.user_or_none,
+    }
+    if any(field in diff for field in (*SCHEDULE_INPUTS, "enabled")):
+        update["next_fire_at"] = job_first_fire(values, now=now)
+        if (
+            values["schedule_type"] == ScheduleType.ONCE
+            and "run_at" not in diff
+            and job.last_fire_at
+        ):
+            update["next_fire_at"] = None  # a one-off that already fired stays done
+    try:
+        with transaction.atomic():
+            won = Job.objects.filter(pk=job_id, version=expected_version).update(**update)
+            if not won:
+                raise VersionConflict(
+                    expected=expected_version,
+                    current=Job.objects.filter(pk=job_id).values_list("version", flat=True).first()
+                    or 0,
+                )
+            audit_record(
+                by=by,
+                action="job.update",
+                object_type="job",
+                object_id=job_id,
+                object_repr=values["name"],
+                changes=diff,
+            )
+            events.send_after_commit(events.job_changed, job_id=job_id, change="updated")
+    except IntegrityError as exc:
+        if Job.objects.filter(name=values["name"]).exclude(pk=job_id).exists():
+            raise JobValidationError({"name": [ERR_NAME_TAKEN]}) from exc
+        raise
+    job.refresh_from_db()
+    return job
+
+
+def _job_set_enabled(*, job_id: int, enabled: bool, by: Actor, now: datetime) -> Job:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.enabled == enabled:
+            return job
+        values = job_snapshot(job)
+        values["enabled"] = enabled
+        next_fire = job_first_fire(values, now=now) if enabled else None
+        if enabled and job.schedule_type == ScheduleType.ONCE and job.last_fire_at:
+            next_fire = None
+        Job.objects.filter(pk=job_id).update(
+            enabled=enabled,
+            next_fire_at=next_fire,
+            version=job.version + 1,
+            updated_at=now,
+            updated_by=by.user_or_none,
+        )
+        action = "resume" if enabled else "pause"
+        audit_record(
+            by=by,
+            action=f"job.{action}",
+            object_type="job",
+            object_id=job_id,
+            object_repr=job.name,
+            changes={"enabled": [not enabled, enabled]},
+        )
+        events.send_after_commit(events.job_changed, job_id=job_id, change=f"{action}d")
+    job.refresh_from_db()
+    return job
+
+
+def job_pause(*, job_id: int, by: Actor, now: datetime | None = None) -> Job:
+    return _job_set_enabled(job_id=job_id, enabled=False, by=by, now=now or timezone.now())
+
+
+def job_resume(*, job_id: int, by: Actor, now: datetime | None = None) -> Job:
+    return _job_set_enabled(job_id=job_id, enabled=True, by=by, now=now or timezone.now())
+
+
+def job_delete(*, job_id: int, by: Actor, expected_version: int | None = None) -> None:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if expected_version is not None and job.version != expected_version:
+            raise VersionConflict(expected=expected_version, current=job.version)
+        snapshot = job_snapshot(job)
+        job.delete()
+        audit_record(
+            by=by,
+            action="job.delete",
+            object_type="job",
+            object_id=job_id,
+            object_repr=snapshot["name"],
+            changes={field: [value, None] for field, value in snapshot.items()},
+        )
+        events.send_after_commit(events.job_changed, job_id=job_id, change="deleted")
+
+
+def job_trigger(*, job_id: int, by: Actor, now: datetime | None = None) -> JobExecution:
+    """Run a job now, outside its schedule (works for paused jobs too)."""
+    now = now or timezone.now()
+    trigger = Trigger.API if by.source == AuditSource.API else Trigger.MANUAL
+    with transaction.atomic():
+        job = Job.objects.get(pk=job_id)
+        execution = JobExecution.objects.create(
+            job=job,
+            scheduled_for=now,
+            attempt=1,
+            trigger=trigger,
+            status=ExecutionStatus.PENDING,
+            run_after=now,
+            queue=job.queue,
+            priority=job.priority,
+            triggered_by=by.user_or_none,
+        )
+        audit_record(
+            by=by,
+            action="job.trigger",
+            object_type="job",
+            object_id=job_id,
+            object_repr=job.name,
+            changes={"execution": [None, execution.pk]},
+        )
+        events.send_after_commit(events.job_changed, job_id=job_id, change="triggered")
+        events.send_after_commit(
+            events.execution_changed,
+            execution_id=execution.pk,
+            job_id=job_id,
+            status=execution.status,
+        )
+    return execution
+
+
+def execution_cancel(*, execution_id: int, by: Actor, now: datetime | None = None) -> JobExecution:
+    """Cancel a waiting execution at once; for a running one, record a request the node acts on."""
+    now = now or timezone.now()
+    reason = f"cancelled by {by.name}"
+    with transaction.atomic():
+        execution = JobExecution.objects.select_related("job").get(pk=execution_id)
+        status = execution.status
+        if status in (ExecutionStatus.PENDING, ExecutionStatus.RETRY_SCHEDULED):
+            won = transition(
+                execution_id,
+                source=status,
+                target=ExecutionStatus.CANCELLED,
+                finished_at=now,
+                reason=reason,
+            )
+        elif status == ExecutionStatus.RUNNING:
+            won = bool(
+                JobExecution.objects.filter(pk=execution_id, status=status).update(
+                    cancel_requested=True, reason=reason
+                )
+            )
+        else:
+            won = False
+        if not won:
+            execution.refresh_from_db()
+            raise ActionNotAllowed(ERR_CANNOT_CANCEL.format(status=execution.status))
+        audit_record(
+            by=by,
+            action="execution.cancel",
+            object_type="execution",
+            object_id=execution_id,
+            object_repr=str(execution),
+            changes={"status": [status, ExecutionStatus.CANCELLED]}
+            if status != ExecutionStatus.RUNNING
+            else {"cancel_requested": [False, True]},
+        )
+        execution.refresh_from_db()
+        events.send_after_commit(
+            events.execution_changed,
+            execution_id=execution_id,
+            job_id=execution.job_id,
+            status=execution.status,
+        )
+    return execution
+
+
+def execution_retry(*, execution_id: int, by: Actor, now: datetime | None = None) -> JobExecution:
+    """Run a finished-without-success execution again: a new attempt of the same fire slot."""
+    now = now or timezone.now()
+    original = JobExecution.objects.select_related("job").get(pk=execution_id)
+    if original.status not in (*RETRYABLE_STATES, ExecutionStatus.CANCELLED):
+        raise ActionNotAllowed(ERR_CANNOT_RETRY.format(status=original.status))
+    try:
+        with transaction.atomic():
+            latest = (
+                JobExecution.objects.filter(
+                    job_id=original.job_id, scheduled_for=original.scheduled_for
+                )
+                .order_by("-attempt")
+                .values_list("attempt", flat=True)
+                .first()
+            )
+            if latest != original.attempt:
+                raise ActionNotAllowed(ERR_ALREADY_RETRIED)
+            retry = JobExecution.objects.create(
+                job_id=original.job_id,
+                scheduled_for=original.scheduled_for,
+                attempt=original.attempt + 1,
+                trigger=Trigger.RETRY,
+                status=ExecutionStatus.PENDING,
+                run_after=now,
+                queue=original.job.queue,
+                priority=original.job.priority,
+                triggered_by=by.user_or_none,
+            )
+            audit_record(
+                by=by,
+                action="execution.retry",
+                object_type="execution",
+                object_id=execution_id,
+                object_repr=str(original),
+                changes={"retry": [None, retry.pk]},
+            )
+            events.send_after_commit(
+                events.execution_changed,
+                execution_id=retry.pk,
+                job_id=retry.job_id,
+                status=retry.status,
+            )
+    except IntegrityError as exc:
+        # Two retries raced for the same attempt number: the unique constraint let one through.
+        raise ActionNotAllowed(ERR_ALREADY_RETRIED) from exc
+    return retry
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    name: str
+    action: str  # created, updated, unchanged, deleted
+    changes: dict[str, list[Any]]
+
+
+ERR_DEFINITION_NOT_OBJECT = "Each job definition must be an object with a name."
+ERR_DUPLICATE_DEFINITION = "The name appears more than once in the file."
+
+
+def job_apply_definitions(
+    *,
+    definitions: list[Any],
+    by: Actor,
+    dry_run: bool = False,
+    prune: bool = False,
+    now: datetime | None = None,
+) -> list[ApplyResult]:
+    """Create or update jobs by name so they match ``definitions``; idempotent.
+
+    All definitions are validated before anything is written, and the writes happen in one
+    transaction: a bad file changes nothing. ``prune`` also deletes jobs absent from the file.
+    Raises JobValidationError with keys ``"<name or #index>.<field>"``.
+    """
+    now = now or timezone.now()
+    errors: dict[str, list[str]] = {}
+    plan: list[tuple[str, dict[str, Any], Job | None, dict[str, list[Any]]]] = []
+    seen: set[str] = set()
+    existing = {job.name: job for job in Job.objects.all()}
+    for index, definition in enumerate(definitions):
+        if not isinstance(definition, dict) or not isinstance(definition.get("name"), str):
+            errors[f"#{index}"] = [ERR_DEFINITION_NOT_OBJECT]
+            continue
+        name = definition["name"]
+        if name in seen:
+            errors[f"{name}.name"] = [ERR_DUPLICATE_DEFINITION]
+            continue
+        seen.add(name)
+        current_job = existing.get(name)
+        current = job_snapshot(current_job) if current_job else None
+        try:
+            values = clean_job(definition, now=now, current=current)
+        except JobValidationError as exc:
+            for field, reasons in exc.errors.items():
+                errors[f"{name}.{field}"] = reasons
+            continue
+        base = current or {field: None for field in WRITABLE_FIELDS}
+        diff = {f: [base[f], values[f]] for f in WRITABLE_FIELDS if base[f] != values[f]}
+        plan.append((name, definition, current_job, diff))
+    if errors:
+        raise JobValidationError(errors)
+
+    results: list[ApplyResult] = []
+    with transaction.atomic():
+        for name, definition, current_job, diff in plan:
+            if current_job is None:
+                action = "created"
+                if not dry_run:
+                    job_create(data=definition, by=by, now=now)
+            elif diff:
+                action = "updated"
+                if not dry_run:
+                    job_update(
+                        job_id=current_job.pk,
+                        expected_version=current_job.version,
+                        changes={k: v for k, v in definition.items() if k in diff or k == "name"},
+                        by=by,
+                        now=now,
+                    )
+            else:
+                action = "unchanged"
+            results.append(
+                ApplyResult(
+                    name, action, {k: [_jsonable(a), _jsonable(b)] for k, (a, b) in diff.items()}
+                )
+            )
+        if prune:
+            for name, job in existing.items():
+                if name not in seen:
+                    if not dry_run:
+                        job_delete(job_id=job.pk, by=by)
+                    results.append(ApplyResult(name, "deleted", {}))
+    return results

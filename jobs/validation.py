@@ -1,0 +1,398 @@
+"""Validation of job definitions: one function used by the API, the admin, the CLI and the services.
+
+``clean_job`` takes the submitted fields (JSON-like values: strings, numbers, lists, dicts) merged over
+the job's current values, checks every field and every cross-field rule, and returns values ready to be
+written — or raises ``JobValidationError`` with ``{field: [reason, ...]}``. Nothing is written here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils.dateparse import parse_datetime
+
+from jobs import registry, schedules
+from jobs.models import (
+    MAX_BACKOFF_S,
+    MAX_GRACE_S,
+    MAX_INTERVAL_S,
+    MAX_PRIORITY,
+    MAX_RETRIES,
+    MAX_RUN_ALL_CATCHUP,
+    MAX_SPREAD_S,
+    MAX_TIMEOUT_S,
+    ConcurrencyPolicy,
+    Isolation,
+    MisfirePolicy,
+    ScheduleType,
+)
+
+MAX_NAME_CHARS = 200
+MAX_DESCRIPTION_CHARS = 10_000
+MAX_BACKOFF_FACTOR = 10.0
+# A one-off job may be submitted "due now": allow run_at this far in the past (client/server skew).
+ONCE_PAST_TOLERANCE = timedelta(seconds=60)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@/+-]*$")
+QUEUE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+ERR_REQUIRED = "This field is required."
+ERR_NOT_INTEGER = "Must be an integer."
+ERR_NOT_NUMBER = "Must be a number."
+ERR_NOT_BOOLEAN = "Must be true or false."
+ERR_NOT_STRING = "Must be a string."
+ERR_NOT_DATETIME = "Must be an ISO 8601 date-time with a time zone, e.g. 2026-12-01T10:00:00Z."
+ERR_RANGE = "Must be between {low} and {high}."
+ERR_TOO_LONG = "At most {limit} characters."
+ERR_CHOICE = "{value!r} is not one of: {choices}."
+ERR_NAME_FORMAT = (
+    "Must start with a letter or digit and contain only letters, digits, spaces and _ . : @ / + -"
+)
+ERR_QUEUE_FORMAT = "Lower-case letters, digits, _ . - only, at most 64 characters."
+ERR_NOT_FOR_TYPE = "Only allowed for a {kind} schedule."
+ERR_ONCE_IN_PAST = "Is in the past ({value}); a one-off job must be due now or later."
+ERR_ARGS_TOO_LARGE = "Serialized arguments are {size} bytes; the limit is {limit} bytes."
+ERR_SPREAD_VS_INTERVAL = "Must be smaller than interval_seconds ({interval})."
+ERR_UNKNOWN_FIELD = "Unknown field."
+ERR_READ_ONLY = "Read-only field."
+
+# Fields a client may set, and the schedule type each schedule-only field belongs to.
+WRITABLE_FIELDS = (
+    "name",
+    "description",
+    "task",
+    "args",
+    "kwargs",
+    "schedule_type",
+    "cron_expression",
+    "timezone",
+    "interval_seconds",
+    "start_at",
+    "run_at",
+    "enabled",
+    "misfire_policy",
+    "misfire_grace_seconds",
+    "run_all_max",
+    "concurrency_policy",
+    "max_retries",
+    "retry_backoff_base",
+    "retry_backoff_factor",
+    "retry_backoff_max",
+    "retry_jitter",
+    "timeout_seconds",
+    "isolation",
+    "priority",
+    "queue",
+    "spread_seconds",
+)
+SCHEDULE_FIELDS = {
+    "cron_expression": ScheduleType.CRON,
+    "timezone": ScheduleType.CRON,
+    "interval_seconds": ScheduleType.INTERVAL,
+    "start_at": ScheduleType.INTERVAL,
+    "run_at": ScheduleType.ONCE,
+}
+SCHEDULE_DEFAULTS: dict[str, Any] = {
+    "cron_expression": "",
+    "timezone": "UTC",
+    "interval_seconds": None,
+    "start_at": None,
+    "run_at": None,
+}
+# Defaults of a new job (mirrors jobs.models.Job).
+JOB_DEFAULTS: dict[str, Any] = {
+    "description": "",
+    "args": [],
+    "kwargs": {},
+    **SCHEDULE_DEFAULTS,
+    "enabled": True,
+    "misfire_policy": MisfirePolicy.RUN_ONCE.value,
+    "misfire_grace_seconds": 60,
+    "run_all_max": 10,
+    "concurrency_policy": ConcurrencyPolicy.FORBID.value,
+    "max_retries": 0,
+    "retry_backoff_base": 1.0,
+    "retry_backoff_factor": 2.0,
+    "retry_backoff_max": 300.0,
+    "retry_jitter": True,
+    "timeout_seconds": None,
+    "isolation": Isolation.THREAD.value,
+    "priority": 0,
+    "queue": "default",
+    "spread_seconds": 0,
+}
+
+
+class JobValidationError(Exception):
+    """Bad job input: ``errors`` maps a field name to its reasons."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in errors.items()))
+        self.errors = errors
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.by_field: dict[str, list[str]] = {}
+
+    def add(self, field: str, message: str) -> None:
+        self.by_field.setdefault(field, []).append(message)
+
+    def __contains__(self, field: str) -> bool:
+        return field in self.by_field
+
+
+def _integer(
+    errors: _Errors, field: str, value: Any, low: int, high: int, *, nullable: bool = False
+) -> int | None:
+    if value is None:
+        if not nullable:
+            errors.add(field, ERR_REQUIRED)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        errors.add(field, ERR_NOT_INTEGER)
+        return None
+    try:
+        number = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except ValueError:
+        number = None
+    if number is None or (isinstance(value, str) and value.strip() != str(number)):
+        errors.add(field, ERR_NOT_INTEGER)
+        return None
+    if not low <= number <= high:
+        errors.add(field, ERR_RANGE.format(low=low, high=high))
+        return None
+    return number
+
+
+def _number(errors: _Errors, field: str, value: Any, low: float, high: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        errors.add(field, ERR_NOT_NUMBER if value is not None else ERR_REQUIRED)
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        errors.add(field, ERR_NOT_NUMBER)
+        return None
+    if not math.isfinite(number):
+        errors.add(field, ERR_NOT_NUMBER)
+        return None
+    if not low <= number <= high:
+        errors.add(field, ERR_RANGE.format(low=low, high=high))
+        return None
+    return number
+
+
+def _boolean(errors: _Errors, field: str, value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    errors.add(field, ERR_NOT_BOOLEAN)
+    return None
+
+
+def _string(errors: _Errors, field: str, value: Any, limit: int) -> str | None:
+    if not isinstance(value, str):
+        errors.add(field, ERR_NOT_STRING if value is not None else ERR_REQUIRED)
+        return None
+    if len(value) > limit:
+        errors.add(field, ERR_TOO_LONG.format(limit=limit))
+        return None
+    return value
+
+
+def _choice(errors: _Errors, field: str, value: Any, choices: type) -> str | None:
+    allowed = [c.value for c in choices]
+    if value not in allowed:
+        errors.add(field, ERR_CHOICE.format(value=value, choices=", ".join(allowed)))
+        return None
+    return value
+
+
+def _datetime(errors: _Errors, field: str, value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = parse_datetime(value.strip())
+        except ValueError:
+            parsed = None
+    else:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        errors.add(field, ERR_NOT_DATETIME)
+        return None
+    return parsed
+
+
+def unknown_fields(data: dict[str, Any]) -> dict[str, list[str]]:
+    return {key: [ERR_UNKNOWN_FIELD] for key in data if key not in WRITABLE_FIELDS}
+
+
+def clean_job(
+    submitted: dict[str, Any],
+    *,
+    now: datetime,
+    current: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Validate ``submitted`` over ``current`` (the stored values, None when creating).
+
+    Returns the complete cleaned set of writable fields. Schedule fields that belong to another
+    schedule type are reset when the type changes, but sending one explicitly is an error.
+    """
+    errors = _Errors()
+    for field, reasons in unknown_fields(submitted).items():
+        for reason in reasons:
+            errors.add(field, reason)
+    base = dict(JOB_DEFAULTS) if current is None else dict(current)
+    values = {**base, **{k: v for k, v in submitted.items() if k in WRITABLE_FIELDS}}
+    out: dict[str, Any] = {}
+
+    name = values.get("name")
+    if _string(errors, "name", name, MAX_NAME_CHARS) is not None:
+        if not name.strip() or not NAME_RE.match(name) or name != name.strip():
+            errors.add("name", ERR_NAME_FORMAT)
+        else:
+            out["name"] = name
+    out["description"] = _string(
+        errors, "description", values.get("description"), MAX_DESCRIPTION_CHARS
+    )
+
+    # --- schedule --------------------------------------------------------------------------------
+    schedule_type = _choice(errors, "schedule_type", values.get("schedule_type"), ScheduleType)
+    out["schedule_type"] = schedule_type
+    if schedule_type is not None:
+        for field, kind in SCHEDULE_FIELDS.items():
+            if kind == schedule_type:
+                continue
+            sent = field in submitted and submitted[field] not in (None, "", "UTC")
+            if sent:
+                errors.add(field, ERR_NOT_FOR_TYPE.format(kind=kind.value))
+            values[field] = SCHEDULE_DEFAULTS[field]
+    out.update({field: values[field] for field in SCHEDULE_DEFAULTS})
+
+    if schedule_type == ScheduleType.CRON:
+        expression = _string(errors, "cron_expression", values["cron_expression"], 200)
+        tz_name = _string(errors, "timezone", values["timezone"], 64)
+        if expression is not None:
+            try:
+                schedules.parse_cron(expression.strip())
+                out["cron_expression"] = expression.strip()
+            except schedules.ScheduleError as exc:
+                errors.add("cron_expression", exc.message)
+        if tz_name is not None:
+            try:
+                schedules.validate_timezone(tz_name)
+            except schedules.ScheduleError as exc:
+                errors.add("timezone", exc.message)
+    elif schedule_type == ScheduleType.INTERVAL:
+        out["interval_seconds"] = _integer(
+            errors, "interval_seconds", values["interval_seconds"], 1, MAX_INTERVAL_S
+        )
+        out["start_at"] = _datetime(errors, "start_at", values["start_at"])
+    elif schedule_type == ScheduleType.ONCE:
+        run_at = _datetime(errors, "run_at", values["run_at"])
+        if values["run_at"] is None:
+            errors.add("run_at", ERR_REQUIRED)
+        elif run_at is not None:
+            unchanged = current is not None and current.get("run_at") == run_at
+            if run_at < now - ONCE_PAST_TOLERANCE and not unchanged:
+                errors.add("run_at", ERR_ONCE_IN_PAST.format(value=run_at.isoformat()))
+        out["run_at"] = run_at
+
+    # --- task ------------------------------------------------------------------------------------
+    task = _string(errors, "task", values.get("task"), 200)
+    args, kwargs = values.get("args"), values.get("kwargs")
+    if task is not None:
+        out["task"] = task
+        try:
+            registry.validate_task_call(task, args, kwargs)
+        except registry.UnknownTask as exc:
+            errors.add("task", str(exc))
+        except registry.TaskArgumentError as exc:
+            errors.add(exc.field, exc.message)
+    limit = settings.SCHEDULER_MAX_ARGS_BYTES
+    for field, value in (("args", args), ("kwargs", kwargs)):
+        try:
+            size = len(json.dumps(value, separators=(",", ":")).encode())
+        except (TypeError, ValueError):
+            errors.add(field, "Must be JSON.")
+            continue
+        if size > limit:
+            errors.add(field, ERR_ARGS_TOO_LARGE.format(size=size, limit=limit))
+    out["args"], out["kwargs"] = args, kwargs
+
+    # --- policies and numbers ----------------------------------------------------------------------
+    out["enabled"] = _boolean(errors, "enabled", values.get("enabled"))
+    out["retry_jitter"] = _boolean(errors, "retry_jitter", values.get("retry_jitter"))
+    out["misfire_policy"] = _choice(
+        errors, "misfire_policy", values.get("misfire_policy"), MisfirePolicy
+    )
+    out["isolation"] = _choice(errors, "isolation", values.get("isolation"), Isolation)
+    out["concurrency_policy"] = _choice(
+        errors, "concurrency_policy", values.get("concurrency_policy"), ConcurrencyPolicy
+    )
+    integer_fields = {
+        "misfire_grace_seconds": (0, MAX_GRACE_S),
+        "run_all_max": (1, MAX_RUN_ALL_CATCHUP),
+        "max_retries": (0, MAX_RETRIES),
+        "priority": (-MAX_PRIORITY, MAX_PRIORITY),
+        "spread_seconds": (0, MAX_SPREAD_S),
+    }
+    for field, (low, high) in integer_fields.items():
+        out[field] = _integer(errors, field, values.get(field), low, high)
+    out["timeout_seconds"] = _integer(
+        errors, "timeout_seconds", values.get("timeout_seconds"), 1, MAX_TIMEOUT_S, nullable=True
+    )
+    out["retry_backoff_base"] = _number(
+        errors, "retry_backoff_base", values.get("retry_backoff_base"), 0, MAX_BACKOFF_S
+    )
+    out["retry_backoff_factor"] = _number(
+        errors, "retry_backoff_factor", values.get("retry_backoff_factor"), 1, MAX_BACKOFF_FACTOR
+    )
+    out["retry_backoff_max"] = _number(
+        errors, "retry_backoff_max", values.get("retry_backoff_max"), 0, MAX_BACKOFF_S
+    )
+    queue = _string(errors, "queue", values.get("queue"), 64)
+    if queue is not None and not QUEUE_RE.match(queue):
+        errors.add("queue", ERR_QUEUE_FORMAT)
+    out["queue"] = queue
+    interval = out.get("interval_seconds")
+    spread = out.get("spread_seconds")
+    if interval and spread and spread >= interval and "spread_seconds" not in errors:
+        errors.add("spread_seconds", ERR_SPREAD_VS_INTERVAL.format(interval=interval))
+
+    if errors.by_field:
+        raise JobValidationError(errors.by_field)
+    return out
+
+
+MAX_PREVIEW_COUNT = 50
+
+
+def schedule_preview_args(params: Any, *, default_count: int) -> tuple[dict[str, Any], int]:
+    """Parse a schedule preview request (query parameters) into ``schedules`` keyword arguments."""
+    errors = _Errors()
+    schedule_type = _choice(errors, "schedule_type", params.get("schedule_type"), ScheduleType)
+    kwargs: dict[str, Any] = {"schedule_type": schedule_type}
+    if schedule_type == ScheduleType.CRON:
+        kwargs["cron_expression"] = params.get("cron_expression", "")
+        kwargs["timezone"] = params.get("timezone") or "UTC"
+    elif schedule_type == ScheduleType.INTERVAL:
+        kwargs["interval_seconds"] = _integer(
+            errors, "interval_seconds", params.get("interval_seconds"), 1, MAX_INTERVAL_S
+        )
+        kwargs["start_at"] = _datetime(errors, "start_at", params.get("start_at") or None)
+    elif schedule_type == ScheduleType.ONCE:
+        kwargs["run_at"] = _datetime(errors, "run_at", params.get("run_at"))
+        if params.get("run_at") is None:
+            errors.add("run_at", ERR_REQUIRED)
+    count = _integer(errors, "count", params.get("count", default_count), 1, MAX_PREVIEW_COUNT)
+    if errors.by_field:
+        raise JobValidationError(errors.by_field)
+    return kwargs, count or default_count

@@ -1,0 +1,67 @@
+"""Liveness and readiness probes: the only endpoints (with metrics) that need no login."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+logger = logging.getLogger(__name__)
+
+REDIS_PROBE_TIMEOUT_S = 0.5
+
+
+@never_cache
+@require_GET
+def live(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+def _check_database() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    return "ok"
+
+
+def _check_redis() -> str:
+    import redis
+
+    client = redis.Redis.from_url(
+        settings.REDIS_URL,
+        socket_timeout=REDIS_PROBE_TIMEOUT_S,
+        socket_connect_timeout=REDIS_PROBE_TIMEOUT_S,
+    )
+    try:
+        client.ping()
+    finally:
+        client.close()
+    return "ok"
+
+
+@never_cache
+@require_GET
+def ready(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, str] = {}
+    probes = {"database": _check_database}
+    if settings.REDIS_URL:
+        probes["redis"] = _check_redis
+    healthy = True
+    for name, probe in probes.items():
+        started = time.monotonic()
+        try:
+            checks[name] = probe()
+        except Exception as exc:  # any failure of a dependency means "not ready"
+            healthy = False
+            checks[name] = f"error: {type(exc).__name__}"
+            logger.warning("readiness: %s unavailable: %s", name, exc)
+        checks[f"{name}_ms"] = f"{(time.monotonic() - started) * 1000:.1f}"
+    return JsonResponse(
+        {"status": "ok" if healthy else "unavailable", "checks": checks},
+        status=200 if healthy else 503,
+    )

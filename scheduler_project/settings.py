@@ -1,0 +1,259 @@
+"""Settings, read from the environment.
+
+Every variable read here is documented in README.md ("Configuration"). The defaults give the embedded
+mode: a SQLite file under ``var/`` and database coordination, no Redis needed. Production mode lives in
+``scheduler_project.settings_production``, which imports this module and refuses insecure values.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("SCHEDULER_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _embedded_secret_key() -> str:
+    """A per-installation key kept in var/ for the embedded mode: never a key shipped in the code."""
+    path = VAR_DIR / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key)
+    return key
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _embedded_secret_key()
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "jobs",
+    "cluster",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "scheduler_project.urls"
+WSGI_APPLICATION = "scheduler_project.wsgi.application"
+ASGI_APPLICATION = "scheduler_project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------------
+DEFAULT_DATABASE_URL = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
+DATABASE_URL = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DJANGO_CONN_MAX_AGE", 60))
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # Several node processes share one SQLite file: WAL lets readers run beside the writer, IMMEDIATE
+    # takes the write lock at BEGIN (no deadlock-prone lock upgrades), the timeout waits for it.
+    _db["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # Tests run several processes against the test database, so it must be a file, not :memory:.
+    _db["TEST"] = {"NAME": os.environ.get("SCHEDULER_TEST_DB", str(VAR_DIR / "test_db.sqlite3"))}
+    _db["CONN_MAX_AGE"] = 0
+elif _db["ENGINE"] in {"django.db.backends.mysql"}:
+    _db["OPTIONS"] = {
+        "charset": "utf8mb4",
+        "init_command": "SET sql_mode='STRICT_TRANS_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,"
+        "ERROR_FOR_DIVISION_BY_ZERO', innodb_lock_wait_timeout=10",
+        "isolation_level": "read committed",
+    }
+    _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    if os.environ.get("SCHEDULER_TEST_DB"):
+        _db["TEST"]["NAME"] = os.environ["SCHEDULER_TEST_DB"]
+else:
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must point at SQLite or MySQL/MariaDB, got engine {_db['ENGINE']}"
+    )
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis, coordination, channels ----------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+REDLOCK_URLS = env_list("REDLOCK_URLS") or ([REDIS_URL] if REDIS_URL else [])
+SCHEDULER_COORDINATION = os.environ.get(
+    "SCHEDULER_COORDINATION", "redis" if REDIS_URL else "database"
+)
+if SCHEDULER_COORDINATION not in {"redis", "database"}:
+    raise ImproperlyConfigured("SCHEDULER_COORDINATION must be 'redis' or 'database'")
+if SCHEDULER_COORDINATION == "redis" and not REDIS_URL:
+    raise ImproperlyConfigured("SCHEDULER_COORDINATION=redis needs REDIS_URL")
+# Prefix of every Redis key this installation writes, so several installations (or test runs) can
+# share one Redis server.
+SCHEDULER_REDIS_PREFIX = os.environ.get("SCHEDULER_REDIS_PREFIX", "djsched")
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{SCHEDULER_REDIS_PREFIX}:asgi"},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- Tasks: what built-in tasks may reach --------------------------------------------------------
+# Hosts the http_request task may call (exact host names; empty = none). Nothing else is reachable.
+SCHEDULER_HTTP_ALLOWED_HOSTS = env_list("SCHEDULER_HTTP_ALLOWED_HOSTS")
+SCHEDULER_HTTP_MAX_TIMEOUT_S = env_int("SCHEDULER_HTTP_MAX_TIMEOUT_S", 30)
+# Management commands the management_command task may run (empty = none).
+SCHEDULER_ALLOWED_COMMANDS = env_list("SCHEDULER_ALLOWED_COMMANDS")
+# Largest JSON request body the API accepts, and largest args/kwargs a job may carry.
+SCHEDULER_MAX_REQUEST_BYTES = env_int("SCHEDULER_MAX_REQUEST_BYTES", 256 * 1024)
+SCHEDULER_MAX_ARGS_BYTES = env_int("SCHEDULER_MAX_ARGS_BYTES", 64 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = SCHEDULER_MAX_REQUEST_BYTES
+
+# --- Auth, API ------------------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Token first: an anonymous API call then gets 401 with WWW-Authenticate, not 403.
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["jobs.api.permissions.RolePermission"],
+    "DEFAULT_PARSER_CLASSES": ["jobs.api.parsers.BoundedJSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "jobs.api.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.SearchFilter",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Job scheduler API",
+    "DESCRIPTION": "Jobs, executions, nodes and the cluster of the distributed job scheduler.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and docs pages need a login like everything else (DESIGN §8).
+    "SERVE_PERMISSIONS": ["jobs.api.permissions.RolePermission"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- i18n, static ---------------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", BASE_DIR / "staticfiles"))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve straight from the finders when collectstatic has not run (embedded mode, tests).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- Logging --------------------------------------------------------------------------------------
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO").upper()
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {"()": "scheduler_project.logging.JsonFormatter"},
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "text",
+        }
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,166 @@
+"""Shared fixtures: private redis-server processes, users per role, API clients.
+
+Redis tests never touch a shared server's data: each test session starts its own ``redis-server``
+processes on free loopback ports and stops them by PID. A missing ``redis-server`` binary is a failure,
+not a skip (the README's set-up installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+REDIS_START_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    """One private redis-server process (a Redlock master, or the coordination Redis)."""
+
+    port: int
+    workdir: str
+    process: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed (the README's set-up installs it)")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.workdir,
+                *self.extra_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        self.process = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@pytest.fixture(scope="session")
+def redis_factory() -> Iterator[Callable[[], RedisServer]]:
+    """Start private redis-server processes on demand; all are stopped at the end of the session."""
+    started: list[RedisServer] = []
+    workdir = tempfile.mkdtemp(prefix="sched-redis-")
+
+    def start() -> RedisServer:
+        server = RedisServer(port=free_port(), workdir=workdir)
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server(redis_factory: Callable[[], RedisServer]) -> RedisServer:
+    """One private Redis for the whole session (tests flush only their own key prefixes)."""
+    return redis_factory()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    if not redis_server.running:
+        redis_server.start()
+    return redis_server.url
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    return f"database engine: {engine}; DATABASE_URL set: {bool(os.environ.get('DATABASE_URL'))}"
+
+
+# --- users and API clients per role ---------------------------------------------------------------
+
+
+@pytest.fixture
+def make_user(db: None) -> Callable[..., object]:
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    def make(role: str | None, username: str | None = None, *, staff: bool = True) -> object:
+        user = get_user_model().objects.create_user(
+            username=username or f"user-{role or 'none'}", password="pw-For-tests-1", is_staff=staff
+        )
+        if role:
+            user.groups.add(Group.objects.get(name=role))
+        return user
+
+    return make
+
+
+@pytest.fixture
+def api_client_for(make_user: Callable[..., object]) -> Callable[[str | None], object]:
+    """An APIClient authenticated by token as a user of the given role (None = no role)."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    def client(role: str | None) -> APIClient:
+        api = APIClient()
+        user = make_user(role, f"api-{role or 'norole'}")
+        api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        api.user = user
+        return api
+
+    return client
+
+
+@pytest.fixture
+def admin_api(api_client_for: Callable[[str | None], object]) -> object:
+    return api_client_for("admin")
