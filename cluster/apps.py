@@ -1,6 +1,26 @@
+import logging
+
 from django.apps import AppConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _limit_idle_write_transactions(sender, connection, **kwargs) -> None:
+    """MariaDB only (MySQL has no such variable): see SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S."""
+    from django.conf import settings
+
+    timeout = settings.SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S
+    if connection.vendor != "mysql" or not timeout or not connection.mysql_is_mariadb:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION idle_write_transaction_timeout = %s", [int(timeout)])
 
 
 class ClusterConfig(AppConfig):
     name = "cluster"
     verbose_name = "Cluster"
+
+    def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
+        connection_created.connect(_limit_idle_write_transactions, dispatch_uid="cluster-idle-tx")

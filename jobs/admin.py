@@ -68,9 +68,10 @@ class JobAdminForm(forms.ModelForm):
         submitted = {field: data.get(field) for field in WRITABLE_FIELDS if field in data}
         current = services.job_snapshot(self.instance) if self.instance.pk else None
         if current is not None:
-            # The form posts every field: send only what changed, so schedule fields of another
-            # schedule type that the form left filled are not taken as explicit input.
-            submitted = {k: v for k, v in submitted.items() if current.get(k) != v}
+            # The form posts every field: send only what the form says changed (it compares like
+            # its widgets, e.g. date-times to the second), so fields of another schedule type that
+            # the form left filled are not taken as explicit input.
+            submitted = {k: v for k, v in submitted.items() if k in self.changed_data}
             expected = data.get("expected_version")
             if expected is not None and expected != self.instance.version:
                 raise forms.ValidationError(
@@ -122,6 +123,12 @@ class JobAdmin(RoleAdminMixin, admin.ModelAdmin):
             saved = services.job_create(data=form.submitted, by=admin_actor(request))
         obj.pk = saved.pk
         obj.refresh_from_db()
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple:
+        # A job's executions go with it: deleting a job needs the admin role on jobs only, not a
+        # delete permission on executions (which are read-only in the admin).
+        deleted, model_count, _perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, model_count, set(), protected
 
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
         services.job_delete(job_id=obj.pk, by=admin_actor(request))

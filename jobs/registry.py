@@ -250,11 +250,17 @@ def validate_task_call(name: str, args: Any, kwargs: Any) -> None:
 
 
 def autodiscover() -> None:
-    """Import every installed app's ``tasks`` module so its tasks register. Safe to call again."""
+    """Import every installed app's ``tasks`` module, and the modules named in
+    ``settings.SCHEDULER_TASK_MODULES``, so their tasks register. Safe to call again."""
+    from importlib import import_module
+
+    from django.conf import settings
     from django.utils.module_loading import autodiscover_modules
 
     with _discover_lock:
         autodiscover_modules("tasks")
+        for module in getattr(settings, "SCHEDULER_TASK_MODULES", []):
+            import_module(module)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from jobs.models import Job, JobExecution
+from jobs.models import Job, JobExecution, ScheduleType
 from jobs.validation import WRITABLE_FIELDS
 
 
@@ -31,7 +31,10 @@ def job_get_by_name_or_id(ref: str) -> Job:
 
 
 def job_definitions_export(*, names: list[str] | None = None) -> list[dict[str, Any]]:
-    """Job definitions as plain data (the format ``jobs apply`` reads back)."""
+    """Job definitions as plain data (the format ``jobs apply`` reads back).
+
+    A one-off job that already fired is exported disabled, so applying the file elsewhere never
+    fires it a second time."""
     jobs = Job.objects.all() if not names else Job.objects.filter(name__in=names)
     out = []
     for job in jobs.order_by("name"):
@@ -39,6 +42,8 @@ def job_definitions_export(*, names: list[str] | None = None) -> list[dict[str, 
         for field in WRITABLE_FIELDS:
             value = getattr(job, field)
             definition[field] = value.isoformat() if isinstance(value, datetime) else value
+        if job.schedule_type == ScheduleType.ONCE and job.last_fire_at and not job.next_fire_at:
+            definition["enabled"] = False
         out.append(definition)
     return out
 

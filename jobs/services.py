@@ -22,7 +22,7 @@ ERR_VERSION_CONFLICT = (
     "The job was changed by someone else (your version {expected}, current version {current}). "
     "Reload it and apply your change again."
 )
-ERR_NAME_TAKEN = "A job with this name already exists."
+ERR_NAME_TAKEN = "A job with this name already exists (names are compared ignoring case)."
 ERR_CANNOT_CANCEL = "Cannot cancel an execution that is {status}."
 ERR_CANNOT_RETRY = (
     "Only a failed, timed-out, lost or cancelled execution can be retried; this one is {status}."
@@ -125,9 +125,20 @@ def job_first_fire(values: dict[str, Any], *, now: datetime) -> datetime | None:
     )
 
 
+def _check_name_free(name: str, *, exclude_pk: int | None = None) -> None:
+    """Names are unique ignoring case on every database (MariaDB's collation already compares
+    case-insensitively; SQLite's does not), so "Report" and "report" never coexist."""
+    taken = Job.objects.filter(name__iexact=name)
+    if exclude_pk is not None:
+        taken = taken.exclude(pk=exclude_pk)
+    if taken.exists():
+        raise JobValidationError({"name": [ERR_NAME_TAKEN]})
+
+
 def job_create(*, data: dict[str, Any], by: Actor, now: datetime | None = None) -> Job:
     now = now or timezone.now()
     values = clean_job(data, now=now)
+    _check_name_free(values["name"])
     try:
         with transaction.atomic():
             job = Job(
@@ -147,7 +158,7 @@ def job_create(*, data: dict[str, Any], by: Actor, now: datetime | None = None) 
             )
             events.send_after_commit(events.job_changed, job_id=job.pk, change="created")
     except IntegrityError as exc:
-        if Job.objects.filter(name=values["name"]).exists():
+        if Job.objects.filter(name__iexact=values["name"]).exists():
             raise JobValidationError({"name": [ERR_NAME_TAKEN]}) from exc
         raise
     return job
@@ -181,6 +192,8 @@ def job_update(
     diff = {f: [before[f], values[f]] for f in WRITABLE_FIELDS if before[f] != values[f]}
     if not diff:
         return job
+    if "name" in diff:
+        _check_name_free(values["name"], exclude_pk=job_id)
     update: dict[str, Any] = {
         **values,
         "version": expected_version + 1,
@@ -214,7 +227,7 @@ def job_update(
             )
             events.send_after_commit(events.job_changed, job_id=job_id, change="updated")
     except IntegrityError as exc:
-        if Job.objects.filter(name=values["name"]).exclude(pk=job_id).exists():
+        if Job.objects.filter(name__iexact=values["name"]).exclude(pk=job_id).exists():
             raise JobValidationError({"name": [ERR_NAME_TAKEN]}) from exc
         raise
     job.refresh_from_db()

@@ -301,7 +301,9 @@ def clean_job(
             errors.add("run_at", ERR_REQUIRED)
         elif run_at is not None:
             unchanged = current is not None and current.get("run_at") == run_at
-            if run_at < now - ONCE_PAST_TOLERANCE and not unchanged:
+            # A disabled one-off never fires, so a past run_at is harmless there (this is how an
+            # exported one-off that already ran is restored).
+            if run_at < now - ONCE_PAST_TOLERANCE and not unchanged and values.get("enabled"):
                 errors.add("run_at", ERR_ONCE_IN_PAST.format(value=run_at.isoformat()))
         out["run_at"] = run_at
 

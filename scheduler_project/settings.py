@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 
 import dj_database_url
@@ -51,7 +52,11 @@ def _embedded_secret_key() -> str:
         return path.read_text().strip()
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(50)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process started at the same moment and wrote it first
+        time.sleep(0.1)
+        return path.read_text().strip()
     with os.fdopen(fd, "w") as handle:
         handle.write(key)
     return key
@@ -170,7 +175,9 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# --- Tasks: what built-in tasks may reach --------------------------------------------------------
+# --- Tasks: where they come from, what built-in tasks may reach ------------------------------------
+# Extra modules to import for @task registrations, besides every installed app's tasks.py.
+SCHEDULER_TASK_MODULES = env_list("SCHEDULER_TASK_MODULES")
 # Hosts the http_request task may call (exact host names; empty = none). Nothing else is reachable.
 SCHEDULER_HTTP_ALLOWED_HOSTS = env_list("SCHEDULER_HTTP_ALLOWED_HOSTS")
 SCHEDULER_HTTP_MAX_TIMEOUT_S = env_int("SCHEDULER_HTTP_MAX_TIMEOUT_S", 30)
@@ -217,7 +224,6 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["jobs.api.permissions.RolePermission"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
@@ -257,3 +263,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
+
+# On MariaDB, a client frozen inside a write transaction (SIGSTOP, a paused VM) would hold its row
+# locks until it resumes. The server kills such a connection after this many idle seconds, rolling
+# its transaction back (see cluster.apps). 0 disables it.
+SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S", 5)

@@ -139,7 +139,8 @@ def make_user(db: None) -> Callable[..., object]:
             username=username or f"user-{role or 'none'}", password="pw-For-tests-1", is_staff=staff
         )
         if role:
-            user.groups.add(Group.objects.get(name=role))
+            # get_or_create: a transactional test elsewhere may have flushed the migration's groups.
+            user.groups.add(Group.objects.get_or_create(name=role)[0])
         return user
 
     return make

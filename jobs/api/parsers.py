@@ -35,5 +35,5 @@ class BoundedJSONParser(JSONParser):
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
             return json.loads(raw.decode(encoding), parse_constant=_reject_constant)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise ParseError(f"JSON parse error - {exc}") from exc

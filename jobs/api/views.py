@@ -52,12 +52,11 @@ def _pop_version(request: Request, body: dict[str, Any]) -> int | None:
         raw = request.headers.get("If-Match", "").strip('"W/ ') or None
     if raw is None:
         return None
-    if isinstance(raw, bool):
-        raise ValidationError({"version": [ERR_BAD_VERSION]})
-    try:
-        return int(raw)
-    except (TypeError, ValueError) as exc:
-        raise ValidationError({"version": [ERR_BAD_VERSION]}) from exc
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().isdigit():
+        return int(raw.strip())
+    raise ValidationError({"version": [ERR_BAD_VERSION]})
 
 
 class JobFilter(django_filters.FilterSet):

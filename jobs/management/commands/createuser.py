@@ -34,7 +34,7 @@ class Command(BaseCommand):
             user.is_staff = True  # may open the Django admin; the role decides what it can do there
             user.save()
             user.groups.remove(*Group.objects.filter(name__in=ROLES))
-            user.groups.add(Group.objects.get(name=role))
+            user.groups.add(Group.objects.get_or_create(name=role)[0])
         self.stdout.write(
             f"{'created' if created else 'updated'} {username} ({role}); password: {password}"
         )

@@ -1,0 +1,72 @@
+"""Coordination of the cluster: leader leases, mutual-exclusion locks and node presence.
+
+One small interface (:class:`CoordinationBackend`, see ``base``), backends behind it:
+
+- ``redis``: lease by ``SET NX PX`` + ``INCR`` term with compare-and-set scripts; locks by Redlock
+  over the ``REDLOCK_URLS`` masters (``redis_backend``, ``redlock``);
+- ``database``: the same semantics in ``CoordinationLease`` rows (``database``);
+- ``memory``: in-process, for unit tests (``memory``).
+
+``get_backend()`` builds the configured one from the settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    CoordinationBackend,
+    CoordinationError,
+    Lease,
+    LockHandle,
+    LockNotAcquired,
+    LockNotOwned,
+    QuorumLost,
+)
+from .watchdog import LockWatchdog
+
+__all__ = [
+    "BACKEND_KINDS",
+    "CoordinationBackend",
+    "CoordinationError",
+    "Lease",
+    "LockHandle",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "LockWatchdog",
+    "QuorumLost",
+    "get_backend",
+]
+
+BACKEND_KINDS = ("redis", "database", "memory")
+
+
+def get_backend(kind: str | None = None, **overrides: Any) -> CoordinationBackend:
+    """The coordination backend named by ``kind`` (default: ``settings.SCHEDULER_COORDINATION``).
+
+    The Redis backend reads ``REDIS_URL``, ``REDLOCK_URLS`` and ``SCHEDULER_REDIS_PREFIX``; keyword
+    ``overrides`` replace any constructor argument (``url``, ``prefix``, ``clock``, timeouts...).
+    """
+    from django.conf import settings
+
+    kind = kind or settings.SCHEDULER_COORDINATION
+    if kind == "redis":
+        from .redis_backend import RedisBackend
+
+        options: dict[str, Any] = {
+            "url": settings.REDIS_URL,
+            "redlock_urls": settings.REDLOCK_URLS or None,
+            "prefix": settings.SCHEDULER_REDIS_PREFIX,
+        }
+        options.update(overrides)
+        return RedisBackend(**options)
+    if kind == "database":
+        # Imported here: it needs the app registry, and this package must import without it.
+        from .database import DatabaseBackend
+
+        return DatabaseBackend(**overrides)
+    if kind == "memory":
+        from .memory import MemoryBackend
+
+        return MemoryBackend(**overrides)
+    raise ValueError(f"unknown coordination backend {kind!r}; expected one of {BACKEND_KINDS}")

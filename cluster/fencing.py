@@ -1,0 +1,79 @@
+"""Fencing in storage: a leader's writes land only while no newer term has been recorded.
+
+A term number only helps if storage checks it. A new leader first raises the fence row to its term;
+every leader write then runs inside ``fenced_transaction(term)``, which locks the fence row and aborts
+if the stored term is newer than the writer's. A leader frozen past its lease (SIGSTOP, a long GC, a
+lost network) and then resumed finds a newer term there and changes nothing.
+
+Lock order: the fence row is always locked first, before any job or execution row, so leader writes
+and a new leader's fence raise cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import IntegrityError, transaction
+
+from cluster.models import ClusterFence
+
+logger = logging.getLogger(__name__)
+
+FENCE_NAME = "leader"
+ERR_FENCED = "term {term} is fenced: storage has already seen term {current}"
+
+
+class Fenced(Exception):
+    """The writer's term is older than the newest term storage has seen: it is stale."""
+
+    def __init__(self, term: int, current: int) -> None:
+        super().__init__(ERR_FENCED.format(term=term, current=current))
+        self.term = term
+        self.current = current
+
+
+def _ensure_fence_row() -> None:
+    if not ClusterFence.objects.filter(name=FENCE_NAME).exists():
+        try:
+            with transaction.atomic():
+                ClusterFence.objects.create(name=FENCE_NAME, term=0)
+        except IntegrityError:
+            pass  # another node created it first
+
+
+def fence_raise(term: int) -> bool:
+    """Record ``term`` as the newest. False if storage has already seen a newer one."""
+    _ensure_fence_row()
+    with transaction.atomic():
+        stored = (
+            ClusterFence.objects.select_for_update()
+            .filter(name=FENCE_NAME)
+            .values_list("term", flat=True)
+            .get()
+        )
+        if stored > term:
+            return False
+        if stored < term:
+            ClusterFence.objects.filter(name=FENCE_NAME).update(term=term)
+    return True
+
+
+def fence_current() -> int:
+    return ClusterFence.objects.filter(name=FENCE_NAME).values_list("term", flat=True).first() or 0
+
+
+@contextmanager
+def fenced_transaction(term: int) -> Iterator[None]:
+    """A transaction that commits only if ``term`` is still the newest term (raises Fenced)."""
+    with transaction.atomic():
+        stored = (
+            ClusterFence.objects.select_for_update()
+            .filter(name=FENCE_NAME)
+            .values_list("term", flat=True)
+            .first()
+        )
+        if stored is not None and stored > term:
+            raise Fenced(term, stored)
+        yield

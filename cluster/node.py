@@ -1,0 +1,396 @@
+"""A scheduler node: register, heartbeat, campaign, lead (schedule + reap), claim and execute.
+
+``NodeRunner.run()`` starts the independent loops, each in a thread that logs an exception and keeps
+going, waits on the stop event instead of sleeping, and closes stale DB connections every pass:
+
+  election   the LeaderElector (lease acquire / renew / step down);
+  heartbeat  SchedulerNode row + backend presence; cancel requests; operator drain requests;
+  leader     while leading: scheduler_tick (sleeping until the earliest next_fire_at minus the
+             look-ahead, woken early by a Redis "wake" message when jobs change) and the reaper;
+  claim      claims due executions within capacity (woken by "wake", else a short poll);
+  starter    starts each claimed execution at its due instant.
+
+``tick()`` runs one pass of everything in the calling thread, for tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from cluster import scheduler
+from cluster.coordination import CoordinationBackend, Lease, get_backend
+from cluster.elector import ElectionConfig, LeaderElector
+from cluster.executor import Executor
+from cluster.fencing import Fenced, fence_current, fence_raise
+from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
+
+logger = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+LEASE_NAME = "scheduler-leader"
+WAKE_CHANNEL = "wake"
+HEARTBEAT_INTERVAL_S = 0.5
+DEAD_AFTER_S = 5.0
+LOOKAHEAD_S = 1.0
+CLAIM_POLL_S = 0.1
+# Longest the leader sleeps without looking at the earliest next_fire_at again. With Redis, job
+# changes wake it at once; on the database backend this bound is how fast it notices an edit.
+LEADER_MAX_SLEEP_S = 0.25
+REAP_INTERVAL_S = 1.0
+DEFAULT_GRACE_S = 30.0
+LOOP_ERROR_BACKOFF_S = 0.5
+
+
+@dataclass
+class NodeConfig:
+    node_id: str
+    queues: list[str] = field(default_factory=lambda: ["default"])
+    capacity: int = 8
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    dead_after_s: float = DEAD_AFTER_S
+    lookahead_s: float = LOOKAHEAD_S
+    claim_poll_s: float = CLAIM_POLL_S
+    grace_s: float = DEFAULT_GRACE_S
+    election: ElectionConfig = field(default_factory=ElectionConfig)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        if not self.queues:
+            raise ValueError("a node must serve at least one queue")
+        if self.dead_after_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError("dead_after_s must exceed two heartbeat intervals")
+        if self.lookahead_s < 0:
+            raise ValueError("lookahead_s must not be negative")
+
+
+def _loop(name: str, stop: threading.Event, body: Callable[[], float]) -> None:
+    """Run ``body`` until stopped; it returns how long to wait before the next pass."""
+    while not stop.is_set():
+        try:
+            delay = body()
+        except Exception:
+            logger.exception("%s loop failed; retrying", name)
+            delay = LOOP_ERROR_BACKOFF_S
+        finally:
+            close_old_connections()
+        if delay > 0:
+            stop.wait(delay)
+
+
+class NodeRunner:
+    def __init__(self, config: NodeConfig, backend: CoordinationBackend | None = None) -> None:
+        self.config = config
+        self.backend = backend or get_backend()
+        self.stop_event = threading.Event()
+        # The election loop stops first on drain, so the node never campaigns again while it
+        # finishes its work.
+        self._election_stop = threading.Event()
+        self.draining = False
+        self._leading = threading.Event()
+        self._term: int | None = None
+        self._wake_leader = threading.Event()
+        self._wake_claim = threading.Event()
+        self._last_reap = 0.0
+        self._threads: list[threading.Thread] = []
+        self.executor = Executor(
+            node_id=config.node_id,
+            queues=config.queues,
+            capacity=config.capacity,
+            backend=self.backend,
+            lookahead_s=config.lookahead_s,
+        )
+        self.elector = LeaderElector(
+            self.backend,
+            LEASE_NAME,
+            config.node_id,
+            config.election,
+            on_started_leading=self._started_leading,
+            on_stopped_leading=self._stopped_leading,
+        )
+        self._log_extra = {"node": config.node_id}
+
+    # --- registration and heartbeat ------------------------------------------------------------------
+    def register(self) -> SchedulerNode:
+        now = timezone.now()
+        node, _ = SchedulerNode.objects.update_or_create(
+            node_id=self.config.node_id,
+            defaults={
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "version": VERSION,
+                "queues": self.config.queues,
+                "started_at": now,
+                "last_heartbeat": now,
+                "status": NodeStatus.ACTIVE,
+                "capacity": self.config.capacity,
+                "running_count": 0,
+                "drain_requested": False,
+            },
+        )
+        logger.info(
+            "registered node %s (pid %s)", self.config.node_id, os.getpid(), extra=self._log_extra
+        )
+        return node
+
+    def heartbeat_once(self) -> float:
+        now = timezone.now()
+        status = NodeStatus.DRAINING if self.draining else NodeStatus.ACTIVE
+        updated = (
+            SchedulerNode.objects.filter(node_id=self.config.node_id)
+            .exclude(status=NodeStatus.DEAD)
+            .update(last_heartbeat=now, running_count=self.executor.running_count, status=status)
+        )
+        if not updated:
+            # Declared dead while we were paused or cut off: our running work was marked lost and
+            # retried elsewhere (our own writes on it are fenced by the claim token). Rejoin.
+            logger.warning(
+                "node %s was declared dead; rejoining", self.config.node_id, extra=self._log_extra
+            )
+            SchedulerNode.objects.filter(node_id=self.config.node_id).update(
+                last_heartbeat=now, status=status, running_count=self.executor.running_count
+            )
+        # On the database backend the SchedulerNode row just written is the presence record; a
+        # second write per heartbeat would add nothing.
+        if self.backend.stores_heartbeat_payload:
+            try:
+                self.backend.heartbeat(
+                    self.config.node_id,
+                    int(self.config.dead_after_s * 1000),
+                    {"pid": os.getpid(), "running": self.executor.running_count},
+                )
+            except Exception as exc:
+                logger.warning("backend heartbeat failed: %s", exc, extra=self._log_extra)
+        self.executor.apply_cancel_requests()
+        if (
+            not self.draining
+            and SchedulerNode.objects.filter(
+                node_id=self.config.node_id, drain_requested=True
+            ).exists()
+        ):
+            logger.info("drain requested by an operator", extra=self._log_extra)
+            threading.Thread(target=self.shutdown, name="drain", daemon=True).start()
+        return self.config.heartbeat_interval_s
+
+    # --- leadership ----------------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        return self._leading.is_set() and self.elector.is_leader
+
+    @property
+    def term(self) -> int | None:
+        return self._term
+
+    def _started_leading(self, lease: Lease) -> None:
+        extra = {**self._log_extra, "term": lease.term}
+        try:
+            if not fence_raise(lease.term):
+                # Storage has seen a newer term than the backend minted (Redis restarted without
+                # persistence): lift the backend's counter past it and campaign again.
+                stored = fence_current()
+                logger.warning(
+                    "term %s is older than the fenced term %s; raising the term floor and "
+                    "stepping down",
+                    lease.term,
+                    stored,
+                    extra=extra,
+                )
+                self.backend.raise_term_floor(LEASE_NAME, stored)
+                self.elector.release()
+                return
+            now = timezone.now()
+            with transaction.atomic():
+                for old in LeadershipTerm.objects.filter(
+                    ended_at__isnull=True, term__lt=lease.term
+                ):
+                    alive = SchedulerNode.objects.filter(
+                        node_id=old.node_id,
+                        status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING],
+                        last_heartbeat__gte=now - timedelta(seconds=self.config.dead_after_s / 2),
+                    ).exists()
+                    old.ended_at = now
+                    old.end_reason = TermEndReason.LEASE_LOST if alive else TermEndReason.NODE_DIED
+                    old.save(update_fields=["ended_at", "end_reason"])
+                LeadershipTerm.objects.get_or_create(
+                    term=lease.term, defaults={"node_id": self.config.node_id, "acquired_at": now}
+                )
+        except Exception:
+            logger.exception("could not record term %s; stepping down", lease.term, extra=extra)
+            self.elector.release()
+            return
+        finally:
+            close_old_connections()
+        self._term = lease.term
+        self._leading.set()
+        self._wake_leader.set()
+        logger.info("started leading (term %s)", lease.term, extra=extra)
+
+    def _stopped_leading(self, lease: Lease, reason: str) -> None:
+        self._leading.clear()
+        extra = {**self._log_extra, "term": lease.term}
+        logger.info("stopped leading (term %s): %s", lease.term, reason, extra=extra)
+        end_reason = (
+            TermEndReason.STEPPED_DOWN if reason == "stepped_down" else TermEndReason.LEASE_LOST
+        )
+        try:
+            LeadershipTerm.objects.filter(term=lease.term, ended_at__isnull=True).update(
+                ended_at=timezone.now(), end_reason=end_reason
+            )
+        except Exception:
+            logger.exception("could not close term %s", lease.term, extra=extra)
+        finally:
+            close_old_connections()
+
+    def leader_once(self) -> float:
+        """One pass of the leader's work; returns seconds until the next is due."""
+        term = self._term
+        if not self.is_leader or term is None:
+            return LEADER_MAX_SLEEP_S
+        now = timezone.now()
+        try:
+            result = scheduler.scheduler_tick(
+                term=term, now=now, lookahead=timedelta(seconds=self.config.lookahead_s)
+            )
+            if time.monotonic() - self._last_reap >= REAP_INTERVAL_S:
+                self._last_reap = time.monotonic()
+                reaped = scheduler.reap_dead_nodes(
+                    term=term, now=now, dead_after=timedelta(seconds=self.config.dead_after_s)
+                )
+                if reaped.dead_nodes or reaped.stuck:
+                    logger.warning(
+                        "reaped nodes %s: %d lost, %d unclaimed, %d stuck, %d retries",
+                        reaped.dead_nodes,
+                        reaped.lost,
+                        reaped.unclaimed,
+                        reaped.stuck,
+                        reaped.retries,
+                        extra={**self._log_extra, "term": term},
+                    )
+        except Fenced as exc:
+            logger.error("fenced, stepping down: %s", exc, extra={**self._log_extra, "term": term})
+            self._leading.clear()
+            self.elector.release()
+            return LEADER_MAX_SLEEP_S
+        if result.fired or result.promoted:
+            self._publish_wake()
+            self._wake_claim.set()
+        if result.more:
+            return 0.0
+        earliest = scheduler.earliest_next_fire()
+        if earliest is None:
+            return LEADER_MAX_SLEEP_S
+        until_due = (earliest - timezone.now()).total_seconds() - self.config.lookahead_s
+        return max(0.0, min(LEADER_MAX_SLEEP_S, until_due))
+
+    # --- wake-ups through Redis ------------------------------------------------------------------------
+    def _publish_wake(self) -> None:
+        publish = getattr(self.backend, "publish", None)
+        if publish is not None:
+            with contextlib.suppress(Exception):
+                publish(WAKE_CHANNEL, self.config.node_id)
+
+    def _listen_wake(self) -> None:
+        subscribe = getattr(self.backend, "subscribe", None)
+        if subscribe is None:
+            return
+        while not self.stop_event.is_set():
+            try:
+                for _ in subscribe(WAKE_CHANNEL, self.stop_event):
+                    self._wake_leader.set()
+                    self._wake_claim.set()
+            except Exception as exc:
+                logger.warning("wake subscription failed: %s", exc, extra=self._log_extra)
+                self.stop_event.wait(1.0)
+
+    # --- claiming ------------------------------------------------------------------------------------
+    def claim_once(self) -> float:
+        claimed = self.executor.claim_once()
+        return 0.0 if claimed else self.config.claim_poll_s
+
+    # --- one pass of everything (tests) ---------------------------------------------------------------
+    def tick(self) -> None:
+        self.elector.tick()
+        self.heartbeat_once()
+        self.leader_once()
+        self.executor.claim_once()
+
+    # --- running -------------------------------------------------------------------------------------
+    def _waiting_loop(self, name: str, wake: threading.Event, body: Callable[[], float]) -> None:
+        def step() -> float:
+            delay = body()
+            if delay > 0:
+                wake.wait(delay)
+                wake.clear()
+            return 0.0
+
+        _loop(name, self.stop_event, step)
+
+    def start(self) -> None:
+        self.register()
+        loops: list[tuple[str, Callable[[], None]]] = [
+            ("election", lambda: self.elector.run(self._election_stop)),
+            ("heartbeat", lambda: _loop("heartbeat", self.stop_event, self.heartbeat_once)),
+            ("leader", lambda: self._waiting_loop("leader", self._wake_leader, self.leader_once)),
+            ("claim", lambda: self._waiting_loop("claim", self._wake_claim, self.claim_once)),
+            ("starter", lambda: self.executor.run_starter(self.stop_event)),
+            ("wake", self._listen_wake),
+        ]
+        for name, target in loops:
+            thread = threading.Thread(
+                target=target, name=f"{self.config.node_id}:{name}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def shutdown(self) -> None:
+        """Graceful drain: stop claiming, hand leadership over at once, finish or hand back work."""
+        if self.draining:
+            return
+        self.draining = True
+        extra = self._log_extra
+        logger.info("draining: stop claiming, hand over leadership", extra=extra)
+        self.executor.claiming = False
+        self._leading.clear()
+        self._election_stop.set()
+        try:
+            self.elector.release()
+        except Exception:
+            logger.exception("lease release failed (it will expire)", extra=extra)
+        released = self.executor.release_unstarted()
+        finished = self.executor.wait_idle(self.config.grace_s)
+        handed_back = 0 if finished else self.executor.hand_back_running()
+        logger.info(
+            "drained: %d unstarted handed back, %d running handed back",
+            released,
+            handed_back,
+            extra=extra,
+        )
+        try:
+            SchedulerNode.objects.filter(node_id=self.config.node_id).update(
+                status=NodeStatus.STOPPED, running_count=0, drain_requested=False
+            )
+        except Exception:
+            logger.exception("could not mark the node stopped", extra=extra)
+        self.stop_event.set()
+
+    def kill_switch(self) -> None:
+        """Stop every loop without draining (tests simulating a crash use real SIGKILL instead)."""
+        self._election_stop.set()
+        self.stop_event.set()
+
+    def join(self, timeout: float = 5.0) -> None:
+        for thread in self._threads:
+            thread.join(timeout)
+        with contextlib.suppress(Exception):
+            self.backend.close()

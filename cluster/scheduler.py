@@ -1,0 +1,329 @@
+"""The leader's work: turn due jobs into executions, advance ``next_fire_at``, reap dead nodes.
+
+Everything here runs inside ``fenced_transaction(term)``: a stale leader writes nothing.
+A tick reads only the jobs due before the horizon through the (enabled, next_fire_at) index, in
+batches, so its cost follows what is due, not how many jobs exist.
+
+Misfires. A slot is *late* when it is more than the job's ``misfire_grace_seconds`` in the past
+(typically because no leader was alive). Then:
+  run_once  one execution for the most recent missed slot; the earlier ones are recorded as skipped;
+  skip      every missed slot is recorded as skipped; the schedule continues from now;
+  run_all   an execution for each of the most recent ``run_all_max`` missed slots (oldest first);
+            older ones are recorded as skipped.
+At most ``MAX_RECORDED_MISSES`` skipped rows are written per job and tick; further missed slots are
+counted in the log only (a 1-second job down for a day would otherwise write 86,400 rows).
+
+Concurrency at fire time: ``replace`` asks the running execution to cancel; ``buffer_one`` records
+the slot as skipped when a run is already waiting; ``forbid`` is enforced when the run starts (the
+job lock, see executor), ``allow`` runs everything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from cluster.fencing import fenced_transaction
+from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
+from jobs import schedules
+from jobs.models import (
+    ConcurrencyPolicy,
+    Job,
+    JobExecution,
+    MisfirePolicy,
+    ScheduleType,
+    Trigger,
+)
+from jobs.states import ExecutionStatus, transition
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 500
+# Fires one job may get in a single tick within the horizon (a 1 s job with a 2 s look-ahead: 2-3).
+MAX_FIRES_PER_JOB_PER_TICK = 20
+MAX_RECORDED_MISSES = 100
+# Missed slots walked one by one before jumping straight to "next after now".
+MAX_MISSED_SCAN = 2000
+
+REASON_MISFIRE_COALESCED = "misfire: coalesced into one run (run_once)"
+REASON_MISFIRE_SKIPPED = "misfire: skipped by policy (skip)"
+REASON_MISFIRE_BEYOND_BOUND = "misfire: beyond run_all_max (run_all)"
+REASON_BUFFER_FULL = "buffer_one: a run is already waiting"
+REASON_REPLACED = "replaced by a newer fire (replace)"
+REASON_NODE_DIED = "node {node} stopped heartbeating"
+REASON_STUCK = "running past its timeout plus the dead threshold"
+
+
+@dataclass
+class TickResult:
+    fired: int = 0
+    skipped: int = 0
+    jobs: int = 0
+    promoted: int = 0
+    more: bool = False  # a full batch: call again at once
+    unrecorded_misses: int = 0
+    fired_ids: list[int] = field(default_factory=list)
+
+
+def _next_slot(job: Job, after: datetime) -> datetime | None:
+    if job.schedule_type == ScheduleType.ONCE:
+        return None
+    return schedules.next_fire_after(
+        schedule_type=job.schedule_type,
+        after=after,
+        cron_expression=job.cron_expression,
+        timezone=job.timezone,
+        interval_seconds=job.interval_seconds,
+        start_at=job.start_at,
+    )
+
+
+def _execution(
+    job: Job, slot: datetime, *, term: int, now: datetime, status: str, reason: str = ""
+) -> JobExecution:
+    offset = schedules.spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
+    finished = now if status == ExecutionStatus.SKIPPED else None
+    return JobExecution(
+        job_id=job.pk,
+        scheduled_for=slot,
+        attempt=1,
+        trigger=Trigger.SCHEDULE,
+        status=status,
+        run_after=slot + timedelta(seconds=offset),
+        queue=job.queue,
+        priority=job.priority,
+        term=term,
+        reason=reason,
+        finished_at=finished,
+    )
+
+
+def _plan_job(
+    job: Job, *, now: datetime, horizon: datetime, term: int, waiting: bool, result: TickResult
+) -> list[JobExecution]:
+    """The executions (to run or skipped) for one due job; advances job.next_fire_at in memory."""
+    rows: list[JobExecution] = []
+    slot = job.next_fire_at
+    grace = timedelta(seconds=job.misfire_grace_seconds)
+    if slot is not None and now - slot > grace:
+        missed: list[datetime] = []
+        scanned_all = True
+        while slot is not None and slot <= now:
+            if len(missed) >= MAX_MISSED_SCAN:
+                scanned_all = False
+                break
+            missed.append(slot)
+            slot = _next_slot(job, slot)
+        if not scanned_all:
+            slot = _next_slot(job, now)
+        if job.misfire_policy == MisfirePolicy.RUN_ONCE:
+            run, skip, reason = missed[-1:], missed[:-1], REASON_MISFIRE_COALESCED
+        elif job.misfire_policy == MisfirePolicy.SKIP:
+            run, skip, reason = [], missed, REASON_MISFIRE_SKIPPED
+        else:
+            run, skip = missed[-job.run_all_max :], missed[: -job.run_all_max]
+            reason = REASON_MISFIRE_BEYOND_BOUND
+        recorded = skip[-MAX_RECORDED_MISSES:]
+        result.unrecorded_misses += len(skip) - len(recorded)
+        rows += [
+            _execution(job, s, term=term, now=now, status=ExecutionStatus.SKIPPED, reason=reason)
+            for s in recorded
+        ]
+        rows += [
+            _execution(job, s, term=term, now=now, status=ExecutionStatus.PENDING) for s in run
+        ]
+        if len(skip) > len(recorded):
+            logger.warning(
+                "job %s missed %d slots; %d recorded as skipped",
+                job.name,
+                len(skip),
+                len(recorded),
+                extra={"job": job.pk, "term": term},
+            )
+        if run:
+            job.last_fire_at = run[-1]
+    fires = 0
+    while slot is not None and slot <= horizon and fires < MAX_FIRES_PER_JOB_PER_TICK:
+        if job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and waiting:
+            rows.append(
+                _execution(
+                    job,
+                    slot,
+                    term=term,
+                    now=now,
+                    status=ExecutionStatus.SKIPPED,
+                    reason=REASON_BUFFER_FULL,
+                )
+            )
+        else:
+            rows.append(_execution(job, slot, term=term, now=now, status=ExecutionStatus.PENDING))
+            waiting = True
+            job.last_fire_at = slot
+        fires += 1
+        slot = _next_slot(job, slot)
+    job.next_fire_at = slot
+    return rows
+
+
+def scheduler_tick(
+    *,
+    term: int,
+    now: datetime | None = None,
+    lookahead: timedelta = timedelta(0),
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> TickResult:
+    """One fenced pass: create the executions of every job due before now + lookahead."""
+    now = now or timezone.now()
+    horizon = now + lookahead
+    result = TickResult()
+    # Look before taking locks (the fence row, and SQLite's database-wide write lock).
+    if not (
+        Job.objects.filter(enabled=True, next_fire_at__lte=horizon).exists()
+        or JobExecution.objects.filter(
+            status=ExecutionStatus.RETRY_SCHEDULED, run_after__lte=horizon
+        ).exists()
+    ):
+        return result
+    with fenced_transaction(term):
+        jobs = list(
+            Job.objects.select_for_update()
+            .filter(enabled=True, next_fire_at__lte=horizon)
+            .order_by("next_fire_at", "pk")[:batch_size]
+        )
+        if jobs:
+            ids_buffer = [
+                j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE
+            ]
+            waiting_jobs = set()
+            if ids_buffer:
+                waiting_jobs = set(
+                    JobExecution.objects.filter(
+                        job_id__in=ids_buffer, status=ExecutionStatus.PENDING
+                    ).values_list("job_id", flat=True)
+                )
+            rows: list[JobExecution] = []
+            for job in jobs:
+                rows += _plan_job(
+                    job,
+                    now=now,
+                    horizon=horizon,
+                    term=term,
+                    waiting=job.pk in waiting_jobs,
+                    result=result,
+                )
+            created = JobExecution.objects.bulk_create(rows)
+            Job.objects.bulk_update(jobs, ["next_fire_at", "last_fire_at"])
+            replace_ids = [j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.REPLACE]
+            if replace_ids:
+                JobExecution.objects.filter(
+                    job_id__in=replace_ids, status=ExecutionStatus.RUNNING, cancel_requested=False
+                ).update(cancel_requested=True, reason=REASON_REPLACED)
+            result.jobs = len(jobs)
+            result.fired = sum(r.status == ExecutionStatus.PENDING for r in created)
+            result.skipped = len(created) - result.fired
+            result.fired_ids = [r.pk for r in created if r.status == ExecutionStatus.PENDING]
+            result.more = len(jobs) == batch_size
+        result.promoted = JobExecution.objects.filter(
+            status=ExecutionStatus.RETRY_SCHEDULED, run_after__lte=horizon
+        ).update(status=ExecutionStatus.PENDING)
+    return result
+
+
+def earliest_next_fire() -> datetime | None:
+    """The next instant any enabled job is due (one index lookup)."""
+    return (
+        Job.objects.filter(enabled=True, next_fire_at__isnull=False)
+        .order_by("next_fire_at")
+        .values_list("next_fire_at", flat=True)
+        .first()
+    )
+
+
+@dataclass
+class ReapResult:
+    dead_nodes: list[str] = field(default_factory=list)
+    lost: int = 0
+    unclaimed: int = 0
+    stuck: int = 0
+    retries: int = 0
+
+
+def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapResult:
+    """Mark silent nodes dead; their running work becomes lost (and is retried per policy), their
+    claimed-but-unstarted work goes back to the queue. Also times out runs stuck past
+    timeout + dead threshold on any node."""
+    from cluster.executor import create_retry_if_allowed
+
+    result = ReapResult()
+    cutoff = now - dead_after
+    stuck_candidates = JobExecution.objects.filter(
+        status=ExecutionStatus.RUNNING, job__timeout_seconds__isnull=False
+    )
+    if not (
+        SchedulerNode.objects.filter(
+            status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff
+        ).exists()
+        or stuck_candidates.exists()
+    ):
+        return result
+    with fenced_transaction(term):
+        dead = list(
+            SchedulerNode.objects.filter(
+                status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff
+            ).values_list("node_id", flat=True)
+        )
+        if dead:
+            SchedulerNode.objects.filter(node_id__in=dead, last_heartbeat__lt=cutoff).update(
+                status=NodeStatus.DEAD, running_count=0
+            )
+            result.dead_nodes = dead
+            # A leader that died lost its lease by expiry: the next leader closed its term as
+            # lease_lost; now that the node is known dead, say so.
+            LeadershipTerm.objects.filter(
+                node_id__in=dead, end_reason=TermEndReason.LEASE_LOST, ended_at__gte=cutoff
+            ).update(end_reason=TermEndReason.NODE_DIED)
+            running = list(
+                JobExecution.objects.select_related("job").filter(
+                    node__in=dead, status=ExecutionStatus.RUNNING
+                )
+            )
+            for execution in running:
+                won = transition(
+                    execution.pk,
+                    source=ExecutionStatus.RUNNING,
+                    target=ExecutionStatus.LOST,
+                    claim_token=execution.claim_token,
+                    finished_at=now,
+                    reason=REASON_NODE_DIED.format(node=execution.node),
+                )
+                if won:
+                    result.lost += 1
+                    if create_retry_if_allowed(execution, now=now):
+                        result.retries += 1
+            result.unclaimed = JobExecution.objects.filter(
+                node__in=dead, status=ExecutionStatus.PENDING
+            ).update(claim_token=None, node="", claimed_at=None)
+        stuck = list(
+            JobExecution.objects.select_related("job").filter(
+                status=ExecutionStatus.RUNNING, job__timeout_seconds__isnull=False
+            )
+        )
+        for execution in stuck:
+            limit = timedelta(seconds=execution.job.timeout_seconds) + dead_after
+            if execution.started_at and now - execution.started_at > limit:
+                won = transition(
+                    execution.pk,
+                    source=ExecutionStatus.RUNNING,
+                    target=ExecutionStatus.TIMED_OUT,
+                    claim_token=execution.claim_token,
+                    finished_at=now,
+                    reason=REASON_STUCK,
+                )
+                if won:
+                    result.stuck += 1
+                    if create_retry_if_allowed(execution, now=now):
+                        result.retries += 1
+    return result

@@ -1,0 +1,392 @@
+"""Operator CLI: ``jobs`` (list, trigger, pause, resume, export, apply), ``bootstrap_admin`` and
+``createuser``."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+import yaml
+from django.contrib.auth import authenticate, get_user_model
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from jobs import selectors
+from jobs.management.commands.jobs import EXIT_USAGE
+from jobs.models import AuditEvent, Job, JobExecution
+from jobs.services import Actor, job_create
+
+CLI = Actor(source="cli")
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def run(*args: str) -> str:
+    out, err = StringIO(), StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue()
+
+
+def state() -> tuple:
+    return (
+        list(Job.objects.order_by("pk").values()),
+        list(JobExecution.objects.order_by("pk").values()),
+        list(AuditEvent.objects.values_list("pk", flat=True)),
+    )
+
+
+@pytest.fixture
+def jobs(db):
+    run_at = (timezone.now() + timedelta(days=3)).replace(microsecond=0)
+    return [
+        job_create(
+            data={
+                "name": "nightly-report",
+                "description": "Sends the report",
+                "task": "log",
+                "args": ["report"],
+                "kwargs": {"level": "warning"},
+                "schedule_type": "cron",
+                "cron_expression": "30 2 * * *",
+                "timezone": "Europe/Berlin",
+                "max_retries": 3,
+                "retry_backoff_factor": 3.0,
+                "timeout_seconds": 120,
+                "priority": 5,
+                "queue": "reports",
+                "misfire_policy": "skip",
+                "concurrency_policy": "replace",
+            },
+            by=CLI,
+        ),
+        job_create(
+            data={
+                "name": "poll",
+                "task": "sleep",
+                "args": [0.1],
+                "schedule_type": "interval",
+                "interval_seconds": 90,
+                "start_at": "2030-01-01T00:00:15+00:00",
+                "spread_seconds": 10,
+                "enabled": False,
+            },
+            by=CLI,
+        ),
+        job_create(
+            data={"name": "one-off", "task": "noop", "schedule_type": "once", "run_at": run_at},
+            by=CLI,
+        ),
+    ]
+
+
+# --- list / trigger / pause / resume -------------------------------------------------------------
+
+
+def test_list(jobs):
+    output = run("jobs", "list")
+    lines = output.strip().splitlines()
+    assert lines[0].split()[:4] == ["NAME", "TASK", "SCHEDULE", "ENABLED"]
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert set(rows) == {"nightly-report", "poll", "one-off"}
+    assert "30 2 * * *" in rows["nightly-report"]
+    assert "every 90s" in rows["poll"]
+    assert " no " in rows["poll"]
+    assert rows["poll"].rstrip().endswith("-")  # paused: no next fire
+    assert "once " in rows["one-off"]
+
+
+def test_list_json(jobs):
+    data = json.loads(run("jobs", "list", "--json"))
+    assert [d["name"] for d in data] == ["nightly-report", "one-off", "poll"]
+    assert data[0]["cron_expression"] == "30 2 * * *"
+
+
+def test_list_of_no_jobs(db):
+    assert run("jobs", "list").strip().startswith("NAME")
+
+
+@pytest.mark.parametrize("ref", ["name", "id"])
+def test_trigger(jobs, ref):
+    job = jobs[1]  # paused: a manual run works anyway
+    output = run("jobs", "trigger", job.name if ref == "name" else str(job.pk))
+    execution = JobExecution.objects.get(job=job)
+    assert output.strip() == f"triggered {job.name}: execution {execution.pk}"
+    assert (execution.status, execution.trigger, execution.triggered_by) == (
+        "pending",
+        "manual",
+        None,
+    )
+    event = AuditEvent.objects.get(action="job.trigger")
+    assert (event.source, event.actor_name, event.actor) == ("cli", "cli", None)
+
+
+def test_pause_and_resume(jobs):
+    job = jobs[0]
+    assert run("jobs", "pause", job.name).strip() == f"paused {job.name}"
+    job.refresh_from_db()
+    assert (job.enabled, job.next_fire_at) == (False, None)
+    output = run("jobs", "resume", job.name)
+    job.refresh_from_db()
+    assert job.enabled is True and job.next_fire_at is not None
+    assert output.startswith(f"resumed {job.name}; next fire ")
+    assert list(
+        AuditEvent.objects.filter(source="cli", action__in=["job.pause", "job.resume"])
+        .order_by("pk")
+        .values_list("action", flat=True)
+    ) == ["job.pause", "job.resume"]
+
+
+@pytest.mark.parametrize("action", ["trigger", "pause", "resume"])
+def test_unknown_job_name_is_exit_2(jobs, action):
+    before = state()
+    with pytest.raises(CommandError) as info:
+        run("jobs", action, "no-such-job")
+    assert info.value.returncode == EXIT_USAGE == 2
+    assert "no-such-job" in str(info.value)
+    assert state() == before
+
+
+def test_export_unknown_name_is_exit_2(jobs):
+    with pytest.raises(CommandError) as info:
+        run("jobs", "export", "poll", "no-such-job")
+    assert info.value.returncode == 2
+    assert "no-such-job" in str(info.value)
+
+
+# --- export and apply ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_export_then_apply_to_an_empty_database_recreates_identical_jobs(jobs, tmp_path, fmt):
+    exported = selectors.job_definitions_export()
+    path = tmp_path / f"jobs.{fmt}"
+    run("jobs", "export", "--format", fmt, "--output", str(path))
+    text = path.read_text()
+    parsed = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    assert [d["name"] for d in parsed["jobs"]] == ["nightly-report", "one-off", "poll"]
+
+    next_fires = {j.name: Job.objects.get(pk=j.pk).next_fire_at for j in jobs}
+    Job.objects.all().delete()
+    AuditEvent.objects.all().delete()
+
+    output = run("jobs", "apply", str(path))
+    assert "3 created" in output
+    assert selectors.job_definitions_export() == exported
+    for name, next_fire in next_fires.items():
+        assert Job.objects.get(name=name).next_fire_at == next_fire, name
+    assert AuditEvent.objects.filter(action="job.create", source="cli").count() == 3
+
+    again = run("jobs", "apply", str(path))
+    assert "0 created, 0 updated, 3 unchanged, 0 deleted" in again
+    for name in ("nightly-report", "one-off", "poll"):
+        assert re.search(rf"^unchanged\s+{re.escape(name)}$", again, re.M), again
+
+
+def test_export_then_apply_with_a_fired_one_off_job(jobs, tmp_path):
+    fired = timezone.now() - timedelta(days=1)
+    Job.objects.filter(name="one-off").update(run_at=fired, last_fire_at=fired, next_fire_at=None)
+    path = tmp_path / "jobs.yaml"
+    run("jobs", "export", "--output", str(path))
+    Job.objects.all().delete()
+    run("jobs", "apply", str(path))
+    assert Job.objects.count() == 3
+    assert Job.objects.get(name="one-off").next_fire_at is None  # and it does not fire again
+
+
+def test_export_to_stdout_selected_names(jobs):
+    data = yaml.safe_load(run("jobs", "export", "poll"))
+    assert [d["name"] for d in data["jobs"]] == ["poll"]
+    assert data["jobs"][0]["start_at"] == "2030-01-01T00:00:15+00:00"
+
+
+def test_apply_dry_run_prints_and_writes_nothing(jobs, tmp_path):
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "jobs": [
+                    {"name": "poll", "interval_seconds": 120},
+                    {
+                        "name": "fresh",
+                        "task": "noop",
+                        "schedule_type": "interval",
+                        "interval_seconds": 5,
+                    },
+                ]
+            }
+        )
+    )
+    before = state()
+    output = run("jobs", "apply", "--dry-run", "--prune", str(path))
+    assert state() == before
+    lines = output.strip().splitlines()
+    assert all(line.startswith("(dry run)") for line in lines if not line.startswith("    "))
+    assert re.search(r"^\(dry run\) updated\s+poll$", output, re.M)
+    assert "    interval_seconds: 90 -> 120" in output
+    assert re.search(r"^\(dry run\) created\s+fresh$", output, re.M)
+    assert re.search(r"^\(dry run\) deleted\s+nightly-report$", output, re.M)
+    assert lines[-1] == "(dry run) 1 created, 1 updated, 0 unchanged, 2 deleted"
+
+
+def test_apply_updates_and_reports_the_diff(jobs, tmp_path):
+    path = tmp_path / "jobs.json"
+    path.write_text(json.dumps([{"name": "poll", "interval_seconds": 120}]))
+    output = run("jobs", "apply", str(path))
+    assert re.search(r"^updated\s+poll$", output, re.M)
+    assert "interval_seconds: 90 -> 120" in output
+    assert Job.objects.get(name="poll").interval_seconds == 120
+    assert "unchanged" in run("jobs", "apply", str(path))
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (
+            "jobs: [{name: bad, task: noop, schedule_type: cron, cron_expression: '61 * * * *'}]",
+            "bad.cron_expression",
+        ),
+        (
+            "[{name: ok, task: noop, schedule_type: interval, interval_seconds: 5},"
+            " {name: bad, task: nope, schedule_type: interval, interval_seconds: 5}]",
+            "bad.task",
+        ),
+        (
+            "[{name: twice, task: noop, schedule_type: interval, interval_seconds: 5},"
+            " {name: twice, task: noop, schedule_type: interval, interval_seconds: 6}]",
+            "twice.name",
+        ),
+        ("[42]", "#0"),
+        ("{not: a list}", "expected a list"),
+        ("jobs: [unclosed", "not valid YAML"),
+        ("!!python/object/apply:os.system ['echo pwned']", "not valid YAML"),
+        ("", "expected a list"),
+    ],
+    ids=[
+        "bad-cron",
+        "unknown-task",
+        "duplicate",
+        "not-an-object",
+        "not-a-list",
+        "broken-yaml",
+        "unsafe-yaml",
+        "empty",
+    ],
+)
+def test_invalid_file_is_exit_2_and_writes_nothing(jobs, tmp_path, content, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    before = state()
+    with pytest.raises(CommandError) as info:
+        run("jobs", "apply", str(path))
+    assert info.value.returncode == 2
+    assert needle in str(info.value)
+    assert state() == before
+
+
+def test_missing_file_is_exit_2(db, tmp_path):
+    with pytest.raises(CommandError) as info:
+        run("jobs", "apply", str(tmp_path / "missing.yaml"))
+    assert info.value.returncode == 2
+
+
+# --- bootstrap_admin -----------------------------------------------------------------------------
+
+
+PASSWORD_RE = re.compile(r"with password: (\S+)")
+
+
+def test_bootstrap_admin_creates_one_superuser_with_a_random_password(db, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    output = run("bootstrap_admin")
+    match = PASSWORD_RE.search(output)
+    assert match, output
+    password = match.group(1)
+    assert len(password) >= 16
+    user = authenticate(username="admin", password=password)
+    assert user is not None and user.is_superuser and user.is_staff
+    saved = tmp_path / "admin_password"
+    assert saved.read_text().strip() == password
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+
+    again = run("bootstrap_admin")
+    assert "already exists" in again
+    assert password not in again
+    assert get_user_model().objects.filter(is_superuser=True).count() == 1
+    assert authenticate(username="admin", password=password) is not None
+
+
+def test_bootstrap_admin_passwords_differ_between_installations(db, settings, tmp_path):
+    passwords = []
+    for index in range(2):
+        settings.VAR_DIR = tmp_path / str(index)
+        get_user_model().objects.all().delete()  # a fresh database
+        passwords.append(PASSWORD_RE.search(run("bootstrap_admin")).group(1))
+    assert passwords[0] != passwords[1]
+
+
+def test_bootstrap_admin_does_nothing_when_a_superuser_exists(db, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    get_user_model().objects.create_superuser("root", "", "x-Long-password-1")
+    assert "already exists" in run("bootstrap_admin")
+    assert not get_user_model().objects.filter(username="admin").exists()
+    assert not (tmp_path / "admin_password").exists()
+
+
+# --- createuser ----------------------------------------------------------------------------------
+
+
+def test_createuser_operator_token_has_operator_rights(jobs):
+    output = run("createuser", "ops", "--role", "operator", "--token")
+    token = re.search(r"API token: (\S+)", output).group(1)
+    password = re.search(r"password: (\S+)", output).group(1)
+    assert authenticate(username="ops", password=password) is not None
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    assert client.get("/api/jobs/").status_code == 200
+    assert client.post(f"/api/jobs/{jobs[0].pk}/trigger/").status_code == 201
+    assert client.post(f"/api/jobs/{jobs[0].pk}/pause/").status_code == 200
+    before = state()
+    created = client.post(
+        "/api/jobs/",
+        {"name": "x", "task": "noop", "schedule_type": "interval", "interval_seconds": 5},
+        format="json",
+    )
+    assert created.status_code == 403
+    assert client.delete(f"/api/jobs/{jobs[0].pk}/").status_code == 403
+    assert state() == before
+
+
+def test_createuser_changes_role_and_keeps_one_token(db):
+    first = run("createuser", "sam", "--role", "viewer", "--token", "--password", "Pw-one-1234")
+    token = re.search(r"API token: (\S+)", first).group(1)
+    second = run("createuser", "sam", "--role", "admin", "--token", "--password", "Pw-two-1234")
+    assert second.startswith("updated sam (admin)")
+    assert re.search(r"API token: (\S+)", second).group(1) == token
+    user = get_user_model().objects.get(username="sam")
+    assert sorted(user.groups.values_list("name", flat=True)) == ["admin"]
+    assert authenticate(username="sam", password="Pw-two-1234") is not None
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    response = client.post(
+        "/api/jobs/",
+        {"name": "by-sam", "task": "noop", "schedule_type": "interval", "interval_seconds": 5},
+        format="json",
+    )
+    assert response.status_code == 201
+
+
+def test_createuser_refuses_an_unknown_role(db):
+    with pytest.raises(CommandError):
+        run("createuser", "eve", "--role", "root")
+    assert not get_user_model().objects.filter(username="eve").exists()
