@@ -24,3 +24,9 @@ class ClusterConfig(AppConfig):
         from django.db.backends.signals import connection_created
 
         connection_created.connect(_limit_idle_write_transactions, dispatch_uid="cluster-idle-tx")
+
+        from cluster.wake import wake_nodes
+        from jobs import events
+
+        events.job_changed.connect(wake_nodes, dispatch_uid="cluster-wake-job")
+        events.execution_changed.connect(wake_nodes, dispatch_uid="cluster-wake-execution")

@@ -21,6 +21,7 @@ import heapq
 import io
 import logging
 import multiprocessing
+import queue
 import random
 import sys
 import threading
@@ -33,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Value
+from django.db.models import Q, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
@@ -47,14 +48,17 @@ logger = logging.getLogger(__name__)
 S = ExecutionStatus
 # A claimed execution's thread starts this long before it is due, to take locks and mark it running,
 # so that the task itself starts on the due instant.
-PREPARE_AHEAD_S = 0.1
+PREPARE_AHEAD_S = 0.25
 # Event.wait may overshoot by a millisecond or so: sleep to this close to the instant, then spin.
 SPIN_S = 0.0015
 # The watchdog extends it every ttl/3 while the run lasts; a dead node's lock frees within this.
 JOB_LOCK_TTL_MS = 3_000
 LOCK_WAIT_POLL_S = 0.1
 LOCK_UNAVAILABLE_RETRY_S = 1.0
-PROCESS_POLL_S = 0.05
+SUPERVISE_INTERVAL_S = 0.05
+# Outcomes written in one transaction at most; one commit for many runs.
+FINISH_BATCH = 200
+FINISH_WRITE_ATTEMPTS = 5
 REASON_FORBID = "forbid: previous run still active"
 REASON_TIMEOUT = "exceeded timeout of {seconds} s"
 REASON_LOCK_LOST = "job lock lost while running"
@@ -306,16 +310,39 @@ class _Scheduled:
 @dataclass
 class ActiveRun:
     execution: JobExecution
-    cancel_event: threading.Event
-    deadline: float | None  # monotonic
+    due: float
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    deadline: float | None = None  # monotonic; set when the body starts
     lock: LockWatchdog | None = None
     process: Any = None
-    done: threading.Event = field(default_factory=threading.Event)
+    context: registry.TaskContext | None = None
     outcome_reason: str = ""
+    completed: bool = (
+        False  # an outcome was queued: later ones (a late body, a timeout) are dropped
+    )
+
+
+@dataclass
+class _Outcome:
+    run: ActiveRun
+    status: str
+    result: Any = None
+    error: str = ""
+    tb: str = ""
+    output: str = ""
+    reason: str = ""
+    started: float | None = None
 
 
 class Executor:
-    """Claims and runs executions for one node, within ``capacity``."""
+    """Claims and runs executions for one node, within ``capacity``.
+
+    The hot path is batched: claims are one transaction per poll; executions due together are
+    prepared together (one query for blocking runs, one conditional UPDATE to ``running``) shortly
+    before they are due, and their task threads are released at the due instant; outcomes are
+    written by one finisher thread, many per transaction. A supervisor thread enforces timeouts
+    and cancel requests for every run.
+    """
 
     def __init__(
         self,
@@ -338,6 +365,8 @@ class Executor:
         self._seq = 0
         self._active: dict[int, ActiveRun] = {}
         self._claimed: set[int] = set()
+        self._outcomes: queue.Queue[_Outcome] = queue.Queue()
+        self._unwritten = 0
         self._wake_starter = threading.Event()
         self.claiming = True
         _install_output_capture()
@@ -350,13 +379,17 @@ class Executor:
 
     @property
     def load(self) -> int:
-        """Claimed + running: what counts against capacity."""
+        """Claimed + running + outcomes not yet written: what counts against capacity."""
         with self._lock:
-            return len(self._claimed) + len(self._active)
+            return len(self._claimed) + len(self._active) + self._unwritten
 
     def running_ids(self) -> list[int]:
         with self._lock:
             return list(self._active)
+
+    def _changed(self) -> None:
+        if self.on_change:
+            self.on_change()
 
     # --- claiming ---------------------------------------------------------------------------------
     def claim_once(self) -> int:
@@ -397,8 +430,12 @@ class Executor:
 
     # --- starting at the due instant -------------------------------------------------------------
     def run_starter(self, stop: threading.Event) -> None:
-        """Hand each claimed execution to its own thread PREPARE_AHEAD_S before it is due; that
-        thread takes locks and marks it running, then starts the task at the due instant."""
+        """Take the claimed executions due within PREPARE_AHEAD_S as one batch, prepare it, and
+        let each task start at its due instant. Also runs the finisher and the supervisor."""
+        for name, target in (("finisher", self._run_finisher), ("supervisor", self._supervise)):
+            threading.Thread(
+                target=target, args=(stop,), name=f"{self.node_id}:{name}", daemon=True
+            ).start()
         while not stop.is_set():
             with self._lock:
                 head = self._timer_heap[0] if self._timer_heap else None
@@ -411,47 +448,203 @@ class Executor:
                 self._wake_starter.wait(delay)
                 self._wake_starter.clear()
                 continue
+            batch: list[_Scheduled] = []
+            horizon = time.time() + PREPARE_AHEAD_S
             with self._lock:
-                if not self._timer_heap or self._timer_heap[0] is not head:
+                while self._timer_heap and self._timer_heap[0].due <= horizon:
+                    batch.append(heapq.heappop(self._timer_heap))
+            if batch:
+                threading.Thread(
+                    target=self._guarded,
+                    args=(self._prepare_batch, batch),
+                    name=f"{self.node_id}:prepare",
+                    daemon=True,
+                ).start()
+
+    def _guarded(self, body: Callable[..., None], *args: Any) -> None:
+        try:
+            body(*args)
+        except Exception:
+            logger.exception("executor step %s failed", getattr(body, "__name__", body))
+        finally:
+            connection.close()
+
+    def _prepare_batch(self, batch: list[_Scheduled]) -> None:
+        """Locks and checks for the batch, then one conditional UPDATE marks it running."""
+        fast: list[tuple[_Scheduled, LockWatchdog | None]] = []
+        slow: list[_Scheduled] = []
+        for item in batch:
+            policy = item.execution.job.concurrency_policy
+            if policy == ConcurrencyPolicy.BUFFER_ONE:
+                slow.append(item)
+            elif policy == ConcurrencyPolicy.FORBID:
+                try:
+                    taken = self._take_job_lock(item.execution)
+                except CoordinationError as exc:
+                    self._defer(item.execution, exc)
+                    self._forget(item.execution.pk)
                     continue
-                heapq.heappop(self._timer_heap)
+                if isinstance(taken, LockWatchdog):
+                    fast.append((item, taken))
+                else:
+                    slow.append(item)
+            else:
+                fast.append((item, None))
+        forbid_jobs = {i.execution.job_id for i, lock in fast if lock is not None}
+        if forbid_jobs:
+            batch_ids = [i.execution.pk for i, _ in fast]
+            blocked = set(
+                JobExecution.objects.filter(job_id__in=forbid_jobs, status=S.RUNNING)
+                .exclude(pk__in=batch_ids)
+                .values_list("job_id", flat=True)
+            )
+            if blocked:
+                keep = []
+                for item, lock in fast:
+                    if lock is not None and item.execution.job_id in blocked:
+                        self._release_lock(lock)
+                        slow.append(item)
+                    else:
+                        keep.append((item, lock))
+                fast = keep
+        for item in slow:
             threading.Thread(
-                target=self._run_guarded,
-                args=(head.execution, head.due),
-                name=f"exec-{head.execution.pk}",
+                target=self._guarded,
+                args=(self._run_slow, item.execution, item.due),
+                name=f"exec-{item.execution.pk}",
                 daemon=True,
             ).start()
+        if fast:
+            self._start_fast(fast)
 
-    def _run_guarded(self, execution: JobExecution, due: float) -> None:
-        try:
-            self._run(execution, due)
-        except Exception:
-            logger.exception(
-                "execution %s crashed the worker thread",
-                execution.pk,
-                extra={"execution": execution.pk},
+    def _start_fast(self, fast: list[tuple[_Scheduled, LockWatchdog | None]]) -> None:
+        by_due: dict[float, list[tuple[_Scheduled, LockWatchdog | None]]] = {}
+        for item, lock in fast:
+            by_due.setdefault(item.due, []).append((item, lock))
+        won: set[int] = set()
+        for due, group in by_due.items():
+            condition = Q()
+            for item, _ in group:
+                condition |= Q(pk=item.execution.pk, claim_token=item.execution.claim_token)
+            planned = datetime.fromtimestamp(max(due, time.time()), tz=UTC)
+            # Marked running just before the due instant, all in one statement; a row cancelled
+            # or taken meanwhile does not match and its run does not start.
+            JobExecution.objects.filter(condition, status=S.PENDING).update(
+                status=S.RUNNING, started_at=planned
             )
-        finally:
-            with self._lock:
-                self._claimed.discard(execution.pk)
-                self._active.pop(execution.pk, None)
-            close_old_connections()
-            connection.close()
-            if self.on_change:
-                self.on_change()
+            ids = [item.execution.pk for item, _ in group]
+            tokens = [item.execution.claim_token for item, _ in group]
+            won |= set(
+                JobExecution.objects.filter(
+                    pk__in=ids, status=S.RUNNING, claim_token__in=tokens
+                ).values_list("pk", flat=True)
+            )
+        for item, lock in fast:
+            execution = item.execution
+            if execution.pk not in won:
+                logger.info("execution %s was cancelled or taken before it started", execution.pk)
+                if lock is not None:
+                    self._release_lock(lock)
+                self._forget(execution.pk)
+                continue
+            execution.started_at = datetime.fromtimestamp(max(item.due, time.time()), tz=UTC)
+            run = ActiveRun(execution=execution, due=item.due, lock=lock)
+            self._activate(run)
+            target = (
+                self._body_in_process
+                if execution.job.isolation == Isolation.PROCESS
+                else self._body_in_thread
+            )
+            threading.Thread(
+                target=target, args=(run,), name=f"task-{execution.pk}", daemon=True
+            ).start()
 
-    def _take_job_lock(self, execution: JobExecution) -> LockWatchdog | bool | None:
-        """forbid jobs: the job lock, kept alive by a watchdog. False if someone else holds it."""
-        if execution.job.concurrency_policy != ConcurrencyPolicy.FORBID:
-            return None
-        try:
-            handle = self.backend.acquire_lock(f"job:{execution.job_id}", JOB_LOCK_TTL_MS)
-        except CoordinationError as exc:
-            logger.warning("job lock for %s unavailable: %s", execution.job_id, exc)
-            return False
+    def _forget(self, execution_id: int) -> None:
+        with self._lock:
+            self._claimed.discard(execution_id)
+
+    def _activate(self, run: ActiveRun) -> None:
+        with self._lock:
+            self._claimed.discard(run.execution.pk)
+            self._active[run.execution.pk] = run
+        events.send_after_commit(
+            events.execution_changed,
+            execution_id=run.execution.pk,
+            job_id=run.execution.job_id,
+            status=S.RUNNING,
+        )
+        self._changed()
+
+    def _run_slow(self, execution: JobExecution, due: float) -> None:
+        """One execution that needs waiting: a held forbid lock, or a buffer_one job's turn."""
+        job = execution.job
+        lock: LockWatchdog | None = None
+        if job.concurrency_policy == ConcurrencyPolicy.FORBID:
+            try:
+                lock = self._acquire_forbid_lock(execution, due)
+            except CoordinationError as exc:
+                self._defer(execution, exc)
+                self._forget(execution.pk)
+                return
+            if lock is None:
+                self._skip(execution, REASON_FORBID)
+                self._forget(execution.pk)
+                return
+        elif job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and self._forbid_blocked(
+            execution
+        ):
+            # Wait for the running one: hand it back; it is claimed again when it can start.
+            unclaim(execution)
+            self._forget(execution.pk)
+            return
+        wait_until(due)
+        planned_start = datetime.fromtimestamp(max(due, time.time()), tz=UTC)
+        if not transition(
+            execution.pk,
+            source=S.PENDING,
+            target=S.RUNNING,
+            claim_token=execution.claim_token,
+            started_at=planned_start,
+        ):
+            logger.info("execution %s was cancelled or taken before it started", execution.pk)
+            if lock is not None:
+                self._release_lock(lock)
+            self._forget(execution.pk)
+            return
+        execution.started_at = planned_start
+        run = ActiveRun(execution=execution, due=due, lock=lock)
+        self._activate(run)
+        if job.isolation == Isolation.PROCESS:
+            self._body_in_process(run)
+        else:
+            self._body_in_thread(run)
+
+    # --- forbid and buffer_one ---------------------------------------------------------------------
+    def _take_job_lock(self, execution: JobExecution) -> LockWatchdog | bool:
+        """The job lock, kept alive by a watchdog; False if someone else holds it.
+        Raises CoordinationError when the lock service cannot answer (e.g. no Redlock quorum)."""
+        handle = self.backend.acquire_lock(f"job:{execution.job_id}", JOB_LOCK_TTL_MS)
         if handle is None:
             return False
         return LockWatchdog(self.backend, handle, JOB_LOCK_TTL_MS).start()
+
+    def _defer(self, execution: JobExecution, reason: Exception) -> None:
+        """The lock service is down: put the run back (not skipped) and try again later."""
+        logger.warning(
+            "job lock for execution %s unavailable (%s); retrying in %s s",
+            execution.pk,
+            reason,
+            LOCK_UNAVAILABLE_RETRY_S,
+            extra={"execution": execution.pk},
+        )
+        JobExecution.objects.filter(
+            pk=execution.pk, status=S.PENDING, claim_token=execution.claim_token
+        ).update(
+            claim_token=None,
+            node="",
+            claimed_at=None,
+            run_after=timezone.now() + timedelta(seconds=LOCK_UNAVAILABLE_RETRY_S),
+        )
 
     def _blocking_start(self, execution: JobExecution) -> datetime | None:
         """When the earliest other RUNNING run of the job started, or None if there is none."""
@@ -490,69 +683,6 @@ class Executor:
                 return None
             time.sleep(LOCK_WAIT_POLL_S)
 
-    def _run(self, execution: JobExecution, due: float) -> None:
-        job = execution.job
-        lock: LockWatchdog | None = None
-        if job.concurrency_policy == ConcurrencyPolicy.FORBID:
-            try:
-                lock = self._acquire_forbid_lock(execution, due)
-            except CoordinationError as exc:
-                self._defer(execution, exc)
-                return
-            if lock is None:
-                self._skip(execution, REASON_FORBID)
-                return
-        elif job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and self._forbid_blocked(
-            execution
-        ):
-            # Wait for the running one: hand it back; it is claimed again when it can start.
-            unclaim(execution)
-            return
-        # Marked running at the due instant, not while preparing: a node killed before its run
-        # starts leaves a claimed pending row (handed to another node when the node is declared
-        # dead), not a phantom running one that blocks the job.
-        wait_until(due)
-        planned_start = datetime.fromtimestamp(max(due, time.time()), tz=UTC)
-        if not transition(
-            execution.pk,
-            source=S.PENDING,
-            target=S.RUNNING,
-            claim_token=execution.claim_token,
-            started_at=planned_start,
-        ):
-            logger.info("execution %s was cancelled or taken before it started", execution.pk)
-            if lock is not None:
-                self._release_lock(lock)
-            return
-        execution.started_at = planned_start
-        events.send_after_commit(
-            events.execution_changed, execution_id=execution.pk, job_id=job.pk, status=S.RUNNING
-        )
-        timeout = job.timeout_seconds
-        run = ActiveRun(
-            execution=execution,
-            cancel_event=threading.Event(),
-            deadline=time.monotonic() + timeout if timeout else None,
-            lock=lock,
-        )
-        with self._lock:
-            self._claimed.discard(execution.pk)
-            self._active[execution.pk] = run
-        if self.on_change:
-            self.on_change()
-        try:
-            if job.isolation == Isolation.PROCESS:
-                outcome = self._run_in_process(run)
-            else:
-                outcome = self._run_in_thread(run)
-            if outcome is not None:
-                finish_execution(execution, now=timezone.now(), **outcome)
-        finally:
-            # Released only after the outcome is written: the next run's row check must not see
-            # this one still running once it holds the lock.
-            if run.lock is not None:
-                self._release_lock(run.lock)
-
     def _skip(self, execution: JobExecution, reason: str) -> None:
         if transition(
             execution.pk,
@@ -569,6 +699,7 @@ class Executor:
                 status=S.SKIPPED,
             )
 
+    # --- running the task ----------------------------------------------------------------------------
     def _context(self, run: ActiveRun) -> registry.TaskContext:
         execution = run.execution
         return registry.TaskContext(
@@ -579,82 +710,52 @@ class Executor:
             cancel_event=run.cancel_event,
         )
 
-    def _run_in_thread(self, run: ActiveRun) -> dict[str, Any] | None:
-        """Run in a helper thread so this one can enforce the timeout and cancel requests."""
-        execution, job = run.execution, run.execution.job
+    def _body_in_thread(self, run: ActiveRun) -> None:
+        """Wait for the due instant, run the task here, queue the outcome."""
+        job = run.execution.job
         context = self._context(run)
-        box: dict[str, Any] = {}
+        run.context = context
+        assert _stdout is not None
+        wait_until(run.due)
+        if job.timeout_seconds:
+            run.deadline = time.monotonic() + job.timeout_seconds
+        _stdout.local.context = context
+        started = time.time()
+        try:
+            spec = registry.get_task(job.task)
+            value = _call_task(spec, list(job.args), dict(job.kwargs), context)
+        except BaseException as exc:
+            self._complete(
+                _Outcome(
+                    run,
+                    S.FAILED,
+                    error=f"{type(exc).__name__}: {exc}",
+                    tb=traceback.format_exc(),
+                    output=context.output,
+                    started=started,
+                )
+            )
+        else:
+            if run.cancel_event.is_set() and run.outcome_reason:
+                self._complete(
+                    _Outcome(
+                        run,
+                        S.CANCELLED,
+                        output=context.output,
+                        reason=run.outcome_reason,
+                        started=started,
+                    )
+                )
+            else:
+                self._complete(
+                    _Outcome(run, S.SUCCEEDED, result=value, output=context.output, started=started)
+                )
+        finally:
+            _stdout.local.context = None
+            connection.close()
 
-        def body() -> None:
-            assert _stdout is not None
-            _stdout.local.context = context
-            box["started"] = time.time()
-            try:
-                spec = registry.get_task(job.task)
-                box["result"] = _call_task(spec, list(job.args), dict(job.kwargs), context)
-            except BaseException as exc:
-                box["error"] = f"{type(exc).__name__}: {exc}"
-                box["traceback"] = traceback.format_exc()
-            finally:
-                _stdout.local.context = None
-                connection.close()
-                run.done.set()
-
-        worker = threading.Thread(target=body, name=f"task-{execution.pk}", daemon=True)
-        worker.start()
-        return self._await(run, context_output=lambda: context.output, box=box)
-
-    def _await(
-        self, run: ActiveRun, *, context_output: Callable[[], str], box: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        execution = run.execution
-        while not run.done.wait(PROCESS_POLL_S):
-            if run.deadline is not None and time.monotonic() > run.deadline:
-                run.cancel_event.set()
-                if run.process is not None:
-                    run.process.kill()
-                return {
-                    "status": S.TIMED_OUT,
-                    "error": REASON_TIMEOUT.format(seconds=execution.job.timeout_seconds),
-                    "output": context_output(),
-                    "reason": REASON_TIMEOUT.format(seconds=execution.job.timeout_seconds),
-                }
-            if run.cancel_event.is_set():
-                if run.process is not None:
-                    run.process.kill()
-                # A thread-mode task sees the event and may stop by itself; do not wait for it.
-                return {
-                    "status": S.CANCELLED,
-                    "output": context_output(),
-                    "reason": run.outcome_reason or REASON_CANCELLED,
-                }
-            if run.lock is not None and run.lock.lost.is_set():
-                run.cancel_event.set()
-                if run.process is not None:
-                    run.process.kill()
-                return {
-                    "status": S.FAILED,
-                    "error": REASON_LOCK_LOST,
-                    "output": context_output(),
-                    "reason": REASON_LOCK_LOST,
-                }
-        if run.cancel_event.is_set() and "error" not in box and run.outcome_reason:
-            return {"status": S.CANCELLED, "output": context_output(), "reason": run.outcome_reason}
-        if "error" in box:
-            return {
-                "status": S.FAILED,
-                "error": box["error"],
-                "tb": box.get("traceback", ""),
-                "output": context_output(),
-            }
-        return {
-            "status": S.SUCCEEDED,
-            "result": box.get("result"),
-            "output": context_output(),
-            "started": box.get("started"),
-        }
-
-    def _run_in_process(self, run: ActiveRun) -> dict[str, Any] | None:
+    def _body_in_process(self, run: ActiveRun) -> None:
+        """Run the task in a child process that the supervisor kills on timeout or cancel."""
         execution, job = run.execution, run.execution.job
         ctx = multiprocessing.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe(duplex=False)
@@ -664,36 +765,173 @@ class Executor:
             args=(job.task, list(job.args), dict(job.kwargs), meta, child_conn),
             daemon=True,
         )
+        wait_until(run.due)
+        started = time.time()
+        if job.timeout_seconds:
+            run.deadline = time.monotonic() + job.timeout_seconds
         process.start()
         child_conn.close()
         run.process = process
-        box: dict[str, Any] = {}
-        output = {"text": ""}
-
-        def reader() -> None:
-            try:
-                message = parent_conn.recv()
-                output["text"] = message.get("output", "")
-                if message.get("ok"):
-                    box["result"] = message.get("result")
-                else:
-                    box["error"] = message.get("error", "task failed")
-                    box["traceback"] = message.get("traceback", "")
-            except EOFError:
-                if process.exitcode not in (None, 0) or not box:
-                    process.join(1)
-                    box["error"] = f"task process exited with status {process.exitcode}"
-            finally:
-                run.done.set()
-
-        threading.Thread(target=reader, daemon=True).start()
         try:
-            return self._await(run, context_output=lambda: output["text"], box=box)
+            message = parent_conn.recv()
+        except (EOFError, OSError):
+            process.join(5)
+            self._complete(
+                _Outcome(
+                    run,
+                    S.FAILED,
+                    error=f"task process exited with status {process.exitcode}",
+                    started=started,
+                )
+            )
+        else:
+            if message.get("ok"):
+                self._complete(
+                    _Outcome(
+                        run,
+                        S.SUCCEEDED,
+                        result=message.get("result"),
+                        output=message.get("output", ""),
+                        started=started,
+                    )
+                )
+            else:
+                self._complete(
+                    _Outcome(
+                        run,
+                        S.FAILED,
+                        error=message.get("error", "task failed"),
+                        tb=message.get("traceback", ""),
+                        output=message.get("output", ""),
+                        started=started,
+                    )
+                )
         finally:
             if process.is_alive():
                 process.kill()
             process.join(5)
             parent_conn.close()
+
+    def _complete(self, outcome: _Outcome) -> bool:
+        """Queue the first outcome of a run for the finisher; later ones are dropped."""
+        run = outcome.run
+        with self._lock:
+            if run.completed:
+                return False
+            run.completed = True
+            self._active.pop(run.execution.pk, None)
+            self._unwritten += 1
+        if run.process is not None and run.process.is_alive():
+            run.process.kill()
+        self._outcomes.put(outcome)
+        return True
+
+    # --- the supervisor: timeouts, cancel requests, lost locks ------------------------------------------
+    def _supervise(self, stop: threading.Event) -> None:
+        while not stop.wait(SUPERVISE_INTERVAL_S):
+            with self._lock:
+                runs = list(self._active.values())
+            now = time.monotonic()
+            for run in runs:
+                output = run.context.output if run.context else ""
+                if run.deadline is not None and now > run.deadline:
+                    run.cancel_event.set()
+                    reason = REASON_TIMEOUT.format(seconds=run.execution.job.timeout_seconds)
+                    self._complete(
+                        _Outcome(run, S.TIMED_OUT, error=reason, output=output, reason=reason)
+                    )
+                elif run.cancel_event.is_set() and run.outcome_reason:
+                    # A thread-mode task may notice the event and stop; the run is over either way.
+                    self._complete(
+                        _Outcome(run, S.CANCELLED, output=output, reason=run.outcome_reason)
+                    )
+                elif run.lock is not None and run.lock.lost.is_set():
+                    run.cancel_event.set()
+                    self._complete(
+                        _Outcome(
+                            run,
+                            S.FAILED,
+                            error=REASON_LOCK_LOST,
+                            output=output,
+                            reason=REASON_LOCK_LOST,
+                        )
+                    )
+
+    # --- the finisher: outcomes written in batches ------------------------------------------------------
+    def _run_finisher(self, stop: threading.Event) -> None:
+        while not (stop.is_set() and self._outcomes.empty()):
+            try:
+                first = self._outcomes.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            batch = [first]
+            while len(batch) < FINISH_BATCH:
+                try:
+                    batch.append(self._outcomes.get_nowait())
+                except queue.Empty:
+                    break
+            self._write_outcomes(batch)
+
+    def _write_outcomes(self, batch: list[_Outcome]) -> None:
+        for attempt in range(FINISH_WRITE_ATTEMPTS):
+            try:
+                now = timezone.now()
+                with transaction.atomic():
+                    won = [self._write_one(outcome, now) for outcome in batch]
+                break
+            except Exception:
+                logger.exception("writing %d outcomes failed (attempt %d)", len(batch), attempt + 1)
+                close_old_connections()
+                time.sleep(min(2.0, 0.2 * (attempt + 1)))
+        else:
+            won = [False] * len(batch)
+            logger.error("gave up writing %d outcomes; the reaper will recover them", len(batch))
+        for outcome, ok in zip(batch, won, strict=True):
+            if outcome.run.lock is not None:
+                self._release_lock(outcome.run.lock)
+            if ok:
+                events.send_after_commit(
+                    events.execution_changed,
+                    execution_id=outcome.run.execution.pk,
+                    job_id=outcome.run.execution.job_id,
+                    status=outcome.status,
+                )
+        with self._lock:
+            self._unwritten -= len(batch)
+        self._changed()
+
+    def _write_one(self, outcome: _Outcome, now: datetime) -> bool:
+        execution = outcome.run.execution
+        started_at = (
+            datetime.fromtimestamp(outcome.started, tz=UTC)
+            if outcome.started
+            else execution.started_at
+        ) or now
+        won = transition(
+            execution.pk,
+            source=S.RUNNING,
+            target=outcome.status,
+            claim_token=execution.claim_token,
+            started_at=started_at,
+            finished_at=now,
+            duration_ms=(now - started_at).total_seconds() * 1000,
+            result=_jsonable_result(outcome.result),
+            error=_bounded(outcome.error, 8192),
+            traceback=_bounded(outcome.tb),
+            output=_bounded(outcome.output),
+            reason=outcome.reason[:255],
+        )
+        if won and outcome.status in (S.FAILED, S.TIMED_OUT):
+            create_retry_if_allowed(execution, now=now)
+        if not won:
+            logger.warning(
+                "fenced: execution %s is no longer ours (claim %s); outcome %s dropped",
+                execution.pk,
+                execution.claim_token,
+                outcome.status,
+                extra={"execution": execution.pk, "claim_token": execution.claim_token},
+            )
+        return won
 
     def _release_lock(self, watchdog: LockWatchdog) -> None:
         handle = watchdog.stop()
@@ -717,24 +955,32 @@ class Executor:
             if run is not None and not run.cancel_event.is_set():
                 run.outcome_reason = reason or REASON_CANCELLED
                 run.cancel_event.set()
+                if run.process is not None and run.process.is_alive():
+                    run.process.kill()
         return len(wanted)
 
     def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing runs and every outcome is written."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.running_count == 0:
-                return True
+            with self._lock:
+                if not self._active and self._unwritten == 0:
+                    return True
             time.sleep(0.05)
-        return self.running_count == 0
+        with self._lock:
+            return not self._active and self._unwritten == 0
 
     def hand_back_running(self) -> int:
-        """After the drain grace period: cancel what still runs and record it as lost (retried)."""
+        """After the drain grace period: stop what still runs and record it as lost (retried)."""
         count = 0
         with self._lock:
-            runs = list(self._active.values())
+            runs = [run for run in self._active.values() if not run.completed]
+            for run in runs:
+                run.completed = True
+                self._active.pop(run.execution.pk, None)
         for run in runs:
             run.cancel_event.set()
-            if run.process is not None:
+            if run.process is not None and run.process.is_alive():
                 run.process.kill()
             now = timezone.now()
             with transaction.atomic():
@@ -749,4 +995,6 @@ class Executor:
                 if won:
                     create_retry_if_allowed(run.execution, now=now)
                     count += 1
+            if run.lock is not None:
+                self._release_lock(run.lock)
         return count

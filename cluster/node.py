@@ -34,12 +34,12 @@ from cluster.elector import ElectionConfig, LeaderElector
 from cluster.executor import Executor
 from cluster.fencing import Fenced, fence_current, fence_raise
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
+from cluster.wake import WAKE_CHANNEL
 
 logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 LEASE_NAME = "scheduler-leader"
-WAKE_CHANNEL = "wake"
 HEARTBEAT_INTERVAL_S = 0.5
 DEAD_AFTER_S = 5.0
 LOOKAHEAD_S = 1.0

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -113,6 +114,11 @@ if lease.holder ~= ARGV[1] or lease.token ~= ARGV[2] then
 end
 return redis.call('del', KEYS[1])
 """
+
+
+# How long one wait for a published message lasts before the stop flag is looked at again (below the
+# socket timeout, so an idle subscription is not mistaken for a dead server).
+SUBSCRIBE_POLL_S = 0.25
 
 
 def redis_client(
@@ -281,6 +287,29 @@ class RedisBackend(CoordinationBackend):
             for key, raw in zip(keys, values, strict=True)
             if raw is not None
         }
+
+    # --- wake-ups (not part of the interface: the database backend has no push) -------------------
+    def publish(self, channel: str, message: str) -> None:
+        """Tell every subscribed node that something changed (jobs edited, executions created)."""
+        key = f"{self.prefix}:chan:{channel}"
+        with self._errors("publish", key):
+            self.client.publish(key, message)
+
+    def subscribe(self, channel: str, stop: threading.Event) -> Iterator[str]:
+        """Yield each message published on ``channel`` until ``stop`` is set."""
+        key = f"{self.prefix}:chan:{channel}"
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            with self._errors("subscribe", key):
+                pubsub.subscribe(key)
+            while not stop.is_set():
+                with self._errors("subscribe", key):
+                    message = pubsub.get_message(timeout=SUBSCRIBE_POLL_S)
+                if message is not None:
+                    yield str(message.get("data", ""))
+        finally:
+            with contextlib.suppress(Exception):
+                pubsub.close()
 
     def close(self) -> None:
         for client in {id(c): c for c in [self.client, *self._redlock_clients]}.values():

@@ -1,0 +1,1 @@
+"""Benchmark peer (DESIGN §7): Celery beat + celery-redbeat + a Celery worker on one Redis."""

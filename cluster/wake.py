@@ -1,0 +1,42 @@
+"""Cross-process wake-ups: a job edited in the web process wakes the leader at once, a triggered run
+wakes the claimers. Through Redis pub/sub when the cluster coordinates through Redis; on the
+database backend nodes notice within their short poll instead (LEADER_MAX_SLEEP_S, CLAIM_POLL_S)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+WAKE_CHANNEL = "wake"
+_publisher: Any = None
+_publisher_lock = threading.Lock()
+
+
+def _get_publisher() -> Any:
+    global _publisher
+    with _publisher_lock:
+        if _publisher is None:
+            from cluster.coordination.redis_backend import RedisBackend
+
+            _publisher = RedisBackend(
+                settings.REDIS_URL, prefix=settings.SCHEDULER_REDIS_PREFIX, redlock_urls=None
+            )
+        return _publisher
+
+
+def wake_nodes(**payload: Any) -> None:
+    """Receiver of jobs.events.job_changed / execution_changed (sent after commit). Only changes
+    that give a node something new to do wake them: job edits and new pending runs."""
+    if settings.SCHEDULER_COORDINATION != "redis":
+        return
+    if payload.get("status") not in (None, "pending"):
+        return
+    try:
+        _get_publisher().publish(WAKE_CHANNEL, "changed")
+    except Exception as exc:  # a wake-up is an optimisation: nodes poll anyway
+        logger.warning("could not publish a wake-up: %s", exc)
