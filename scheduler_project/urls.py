@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -15,6 +16,8 @@ router.register("terms", TermViewSet, basename="term")
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
 
 urlpatterns = [
+    # The live dashboard arrives with its own issue; until then the admin is the home page.
+    path("", RedirectView.as_view(url="/admin/", permanent=False), name="home"),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
     path("api/cluster/", ClusterStateView.as_view(), name="cluster-state"),

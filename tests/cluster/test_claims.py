@@ -1,0 +1,381 @@
+"""Claiming and finishing executions (cluster/executor.py storage operations), on real rows.
+
+The concurrent claim test runs real threads, each with its own database connection, against the
+committed test database (SQLite: the write lock serialises claimers; MariaDB: SKIP LOCKED).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from cluster.executor import backoff_delay, claim_executions, finish_execution, unclaim
+from jobs.models import Job, JobExecution, Trigger
+from jobs.services import SYSTEM, job_create
+from jobs.states import ExecutionStatus
+
+S = ExecutionStatus
+SECOND = timedelta(seconds=1)
+CLAIMERS = 50
+THREAD_JOIN_TIMEOUT_S = 60
+NODE = "node-a"
+
+# Transactional only where threads need committed rows (the concurrent claim test marks itself).
+pytestmark = pytest.mark.django_db
+
+
+def make_job(name: str = "job", **fields: object) -> Job:
+    data = {
+        "name": name,
+        "task": "noop",
+        "schedule_type": "interval",
+        "interval_seconds": 3600,
+        **fields,
+    }
+    return job_create(data=data, by=SYSTEM)
+
+
+def add_execution(
+    job: Job,
+    *,
+    slot: datetime,
+    status: str = S.PENDING,
+    **fields: object,
+) -> JobExecution:
+    defaults: dict[str, object] = {"run_after": slot, "queue": job.queue}
+    return JobExecution.objects.create(
+        job=job, scheduled_for=slot, status=status, **{**defaults, **fields}
+    )
+
+
+def claim(*, queues: tuple[str, ...] = ("default",), limit: int = 10, horizon=None):
+    return claim_executions(
+        node_id=NODE,
+        queues=list(queues),
+        limit=limit,
+        horizon=horizon or timezone.now() + SECOND,
+    )
+
+
+# --- concurrent claims ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_concurrent_claimers_of_one_execution_exactly_one_wins():
+    job = make_job()
+    execution = add_execution(job, slot=timezone.now() - SECOND)
+    barrier = threading.Barrier(CLAIMERS)
+    claimed: dict[int, list[JobExecution]] = {}
+    errors: list[BaseException] = []
+
+    def claimer(index: int) -> None:
+        try:
+            barrier.wait(timeout=THREAD_JOIN_TIMEOUT_S)
+            claimed[index] = claim_executions(
+                node_id=f"claimer-{index}",
+                queues=["default"],
+                limit=1,
+                horizon=timezone.now() + SECOND,
+            )
+        except BaseException as exc:  # reported below; a thread's exception is otherwise lost
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(CLAIMERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(THREAD_JOIN_TIMEOUT_S)
+
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+    assert len(claimed) == CLAIMERS
+    winners = {index: got for index, got in claimed.items() if got}
+    assert len(winners) == 1
+    [(index, [won])] = winners.items()
+    assert won.pk == execution.pk
+    row = JobExecution.objects.get(pk=execution.pk)
+    assert row.status == S.PENDING
+    assert row.node == f"claimer-{index}"
+    assert row.claim_token == won.claim_token
+    assert row.claim_token
+    assert row.claimed_at is not None
+
+
+# --- batch claims -----------------------------------------------------------------------------------
+
+
+def test_a_claim_takes_at_most_limit_rows_each_with_its_own_token():
+    job = make_job()
+    now = timezone.now()
+    for i in range(5):
+        add_execution(job, slot=now - i * SECOND)
+
+    got = claim(limit=3)
+
+    assert len(got) == 3
+    assert len({e.claim_token for e in got}) == 3
+    rows = JobExecution.objects.filter(claim_token__isnull=False)
+    assert rows.count() == 3
+    assert {(r.node, r.status) for r in rows} == {(NODE, S.PENDING)}
+    assert all(r.claimed_at is not None for r in rows)
+    assert JobExecution.objects.filter(claim_token__isnull=True).count() == 2
+
+
+@pytest.mark.parametrize(
+    ("queues", "expected"),
+    [(("default",), {"default"}), (("heavy",), {"heavy"}), (("heavy", "default"), {"heavy", "default"})],
+)
+def test_a_claim_takes_only_the_nodes_queues(queues, expected):
+    job = make_job()
+    now = timezone.now()
+    add_execution(job, slot=now - 2 * SECOND, queue="default")
+    add_execution(job, slot=now - SECOND, queue="heavy")
+    add_execution(job, slot=now, queue="gpu")
+
+    got = claim(queues=queues)
+
+    assert {e.queue for e in got} == expected
+    assert len(got) == len(expected)
+
+
+def test_a_claim_takes_higher_priority_first():
+    job = make_job()
+    now = timezone.now()
+    # The older, lower-priority rows must not win over the newer, higher-priority ones.
+    for i, priority in enumerate([0, -1, 10, 5, 3]):
+        add_execution(job, slot=now - (10 - i) * SECOND, priority=priority)
+
+    got = claim(limit=2)
+
+    assert sorted(e.priority for e in got) == [5, 10]
+
+
+def test_a_claim_takes_only_executions_due_before_the_horizon():
+    job = make_job()
+    now = timezone.now()
+    past = add_execution(job, slot=now - SECOND)
+    soon = add_execution(job, slot=now + 0.5 * SECOND)
+    later = add_execution(job, slot=now + 10 * SECOND)
+
+    got = claim(horizon=now + SECOND)
+
+    assert {e.pk for e in got} == {past.pk, soon.pk}
+    later.refresh_from_db()
+    assert later.claim_token is None
+
+
+def test_a_claim_never_takes_a_claimed_or_non_pending_execution():
+    job = make_job()
+    now = timezone.now()
+    taken = add_execution(job, slot=now - 5 * SECOND, claim_token="someone-else", node="node-b")
+    for i, status in enumerate([S.RUNNING, S.RETRY_SCHEDULED, S.SKIPPED, S.SUCCEEDED]):
+        add_execution(job, slot=now - i * SECOND, status=status)
+
+    assert claim() == []
+    taken.refresh_from_db()
+    assert (taken.claim_token, taken.node) == ("someone-else", "node-b")
+
+
+def test_claimed_rows_are_not_claimed_again_until_unclaimed():
+    job = make_job()
+    now = timezone.now()
+    first = add_execution(job, slot=now - SECOND)
+    add_execution(job, slot=now)
+
+    got = claim()
+    assert len(got) == 2
+    assert claim() == []
+
+    assert unclaim(next(e for e in got if e.pk == first.pk)) is True
+    first.refresh_from_db()
+    assert (first.claim_token, first.node, first.claimed_at) == (None, "", None)
+    [again] = claim()
+    assert again.pk == first.pk
+    # The old claim is void: unclaiming with it changes nothing.
+    stale = next(e for e in got if e.pk == first.pk)
+    assert unclaim(stale) is False
+    first.refresh_from_db()
+    assert first.claim_token == again.claim_token
+
+
+def test_unclaim_of_a_started_execution_changes_nothing():
+    job = make_job()
+    [execution] = [add_execution(job, slot=timezone.now() - SECOND)]
+    [claimed] = claim()
+    JobExecution.objects.filter(pk=execution.pk).update(status=S.RUNNING)
+
+    assert unclaim(claimed) is False
+    execution.refresh_from_db()
+    assert (execution.status, execution.claim_token) == (S.RUNNING, claimed.claim_token)
+
+
+# --- finishing --------------------------------------------------------------------------------------
+
+NOW = datetime(2030, 1, 1, 12, tzinfo=UTC)
+STARTED = NOW - 2.5 * SECOND
+
+
+def running_execution(job: Job, *, attempt: int = 1, token: str = "token-a") -> JobExecution:
+    execution = add_execution(
+        job,
+        slot=NOW - 5 * SECOND,
+        status=S.RUNNING,
+        attempt=attempt,
+        node=NODE,
+        claim_token=token,
+        started_at=STARTED,
+        term=3,
+    )
+    return JobExecution.objects.select_related("job").get(pk=execution.pk)
+
+
+def test_finish_with_a_stale_claim_token_changes_nothing():
+    job = make_job(max_retries=3)
+    execution = running_execution(job)
+    before = list(JobExecution.objects.values())
+    stale = JobExecution.objects.select_related("job").get(pk=execution.pk)
+    stale.claim_token = "token-of-a-previous-claim"
+
+    for status in (S.SUCCEEDED, S.FAILED, S.TIMED_OUT):
+        assert finish_execution(stale, status=status, now=NOW, error="late") is False
+
+    assert list(JobExecution.objects.values()) == before
+
+
+def test_finish_with_the_right_token_records_the_outcome():
+    job = make_job(max_retries=2)
+    execution = running_execution(job)
+
+    won = finish_execution(
+        execution, status=S.SUCCEEDED, now=NOW, result={"rows": 3}, output="hello\n"
+    )
+
+    assert won is True
+    execution.refresh_from_db()
+    assert execution.status == S.SUCCEEDED
+    assert execution.started_at == STARTED
+    assert execution.finished_at == NOW
+    assert execution.duration_ms == pytest.approx(2500.0)
+    assert execution.result == {"rows": 3}
+    assert execution.output == "hello\n"
+    assert JobExecution.objects.count() == 1  # no retry after a success
+    # A second finish (a duplicate delivery) is refused: the row left RUNNING.
+    assert finish_execution(execution, status=S.FAILED, now=NOW) is False
+
+
+def test_finish_uses_the_actual_start_time_when_given():
+    job = make_job()
+    execution = running_execution(job)
+    actual = NOW - 1.5 * SECOND
+
+    assert finish_execution(execution, status=S.SUCCEEDED, now=NOW, started=actual.timestamp())
+
+    execution.refresh_from_db()
+    assert execution.started_at == actual
+    assert execution.duration_ms == pytest.approx(1500.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "attempt", "max_retries", "retry_delay_s"),
+    [
+        (S.FAILED, 1, 2, 4.0),  # base 4
+        (S.FAILED, 2, 2, 8.0),  # base 4 * factor 2
+        (S.FAILED, 3, 2, None),  # retries used up
+        (S.FAILED, 1, 0, None),
+        (S.TIMED_OUT, 1, 1, 4.0),
+        (S.CANCELLED, 1, 2, None),  # an operator's cancel is not retried
+        (S.SUCCEEDED, 1, 2, None),
+    ],
+)
+def test_finish_schedules_a_retry_per_policy(status, attempt, max_retries, retry_delay_s):
+    job = make_job(
+        max_retries=max_retries,
+        retry_backoff_base=4,
+        retry_backoff_factor=2,
+        retry_jitter=False,
+    )
+    execution = running_execution(job, attempt=attempt)
+
+    assert finish_execution(execution, status=status, now=NOW, error="RuntimeError: boom")
+
+    execution.refresh_from_db()
+    assert execution.status == status
+    retries = list(JobExecution.objects.filter(job=job, attempt=attempt + 1))
+    if retry_delay_s is None:
+        assert retries == []
+        return
+    [retry] = retries
+    assert retry.status == S.RETRY_SCHEDULED
+    assert retry.trigger == Trigger.RETRY
+    assert retry.scheduled_for == execution.scheduled_for
+    assert retry.run_after == NOW + timedelta(seconds=retry_delay_s)
+    assert retry.term == execution.term
+    assert retry.claim_token is None
+
+
+# --- backoff ---------------------------------------------------------------------------------------
+
+
+class FixedRandom:
+    """A stand-in for random.Random whose random() always returns ``value``."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+def backoff_job(base: float, factor: float, cap: float, jitter: bool = False) -> Job:
+    return Job(
+        retry_backoff_base=base,
+        retry_backoff_factor=factor,
+        retry_backoff_max=cap,
+        retry_jitter=jitter,
+    )
+
+
+@pytest.mark.parametrize(
+    ("base", "factor", "cap", "attempt", "expected"),
+    [
+        (1, 2, 300, 1, 1),
+        (1, 2, 300, 2, 2),
+        (1, 2, 300, 5, 16),
+        (1, 2, 10, 5, 10),  # capped
+        (1, 2, 300, 60, 300),  # a huge exponent is still capped
+        (2, 3, 1000, 3, 18),
+        (3, 1, 300, 7, 3),  # factor 1: constant
+        (0, 2, 300, 4, 0),  # no delay
+        (5, 2, 0, 1, 0),  # cap 0
+    ],
+)
+def test_backoff_delay_without_jitter(base, factor, cap, attempt, expected):
+    assert backoff_delay(backoff_job(base, factor, cap), attempt) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("draw", "fraction"),
+    [(0.0, 0.5), (0.5, 0.75), (0.999999, 0.9999995)],
+)
+def test_backoff_jitter_scales_between_half_and_all_of_the_delay(draw, fraction):
+    job = backoff_job(2, 2, 300, jitter=True)  # attempt 3: 8 s before jitter
+
+    assert backoff_delay(job, 3, FixedRandom(draw)) == pytest.approx(8 * fraction)
+
+
+def test_backoff_jitter_stays_within_fifty_to_a_hundred_percent():
+    job = backoff_job(1, 2, 60, jitter=True)
+    rng = random.Random(1234)
+
+    for attempt in range(1, 12):
+        full = min(60, 2 ** (attempt - 1))
+        delays = [backoff_delay(job, attempt, rng) for _ in range(200)]
+        assert all(0.5 * full <= d <= full for d in delays)
+        assert max(delays) - min(delays) > 0.25 * full  # it does jitter
