@@ -192,7 +192,7 @@ class Nodes:
         node_env = {**env.env, "SCHEDULER_REDIS_PREFIX": prefix}
         for index in range(1, count + 1):
             node_id = f"node-{index}"
-            log = open(env.workdir / f"{prefix}-{node_id}.log", "wb")  # noqa: SIM115
+            log = open(env.workdir / f"{prefix}-{node_id}.log", "wb")
             self.logs.append(log)
             self.processes[node_id] = subprocess.Popen(
                 [

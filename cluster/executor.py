@@ -41,7 +41,7 @@ from django.utils import timezone
 from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
 from jobs import events, registry
 from jobs.models import MAX_OUTPUT_CHARS, ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
-from jobs.states import ExecutionStatus, transition
+from jobs.states import RETRYABLE_STATES, ExecutionStatus, transition
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ REASON_FORBID = "forbid: previous run still active"
 REASON_TIMEOUT = "exceeded timeout of {seconds} s"
 REASON_LOCK_LOST = "job lock lost while running"
 REASON_CANCELLED = "cancelled"
+REASON_SHUT_DOWN = "node {node} shut down before the run finished"
 RESULT_MAX_CHARS = 64 * 1024
 
 
@@ -174,7 +175,7 @@ def _jsonable_result(value: Any) -> Any:
     return value
 
 
-def finish_execution(
+def record_outcome(
     execution: JobExecution,
     *,
     status: str,
@@ -186,36 +187,35 @@ def finish_execution(
     reason: str = "",
     started: float | None = None,
 ) -> bool:
-    """running -> status (conditional on the claim token); schedules a retry in the same transaction
-    when the outcome allows one. False when this worker no longer owns the run (fenced).
+    """running -> status, conditional on the claim token, plus the next attempt when the outcome
+    allows one. Call inside a transaction. False when the writer no longer owns the run (fenced).
     ``started`` is the wall time the task body actually began, when known."""
     started_at = datetime.fromtimestamp(started, tz=UTC) if started else execution.started_at
     started_at = started_at or now
-    with transaction.atomic():
-        won = transition(
-            execution.pk,
-            source=S.RUNNING,
-            target=status,
-            claim_token=execution.claim_token,
-            started_at=started_at,
-            finished_at=now,
-            duration_ms=(now - started_at).total_seconds() * 1000,
-            result=_jsonable_result(result),
-            error=_bounded(error, 8192),
-            traceback=_bounded(tb),
-            output=_bounded(output),
-            reason=reason[:255],
+    won = transition(
+        execution.pk,
+        source=S.RUNNING,
+        target=status,
+        claim_token=execution.claim_token,
+        started_at=started_at,
+        finished_at=now,
+        duration_ms=(now - started_at).total_seconds() * 1000,
+        result=_jsonable_result(result),
+        error=_bounded(error, 8192),
+        traceback=_bounded(tb),
+        output=_bounded(output),
+        reason=reason[:255],
+    )
+    if won and status in RETRYABLE_STATES:
+        create_retry_if_allowed(execution, now=now)
+    if won:
+        events.send_after_commit(
+            events.execution_changed,
+            execution_id=execution.pk,
+            job_id=execution.job_id,
+            status=status,
         )
-        if won and status in (S.FAILED, S.TIMED_OUT):
-            create_retry_if_allowed(execution, now=now)
-        if won:
-            events.send_after_commit(
-                events.execution_changed,
-                execution_id=execution.pk,
-                job_id=execution.job_id,
-                status=status,
-            )
-    if not won:
+    else:
         logger.warning(
             "fenced: execution %s is no longer ours (claim %s); outcome %s dropped",
             execution.pk,
@@ -224,6 +224,34 @@ def finish_execution(
             extra={"execution": execution.pk, "claim_token": execution.claim_token},
         )
     return won
+
+
+def end_running(execution: JobExecution, *, status: str, reason: str, now: datetime) -> bool:
+    """End a run its worker can no longer report on (node dead, stuck, drained): running -> lost
+    or timed_out, and the next attempt when policy allows. Call inside a transaction."""
+    won = transition(
+        execution.pk,
+        source=S.RUNNING,
+        target=status,
+        claim_token=execution.claim_token,
+        finished_at=now,
+        reason=reason[:255],
+    )
+    if won:
+        create_retry_if_allowed(execution, now=now)
+        events.send_after_commit(
+            events.execution_changed,
+            execution_id=execution.pk,
+            job_id=execution.job_id,
+            status=status,
+        )
+    return won
+
+
+def finish_execution(execution: JobExecution, **outcome: Any) -> bool:
+    """``record_outcome`` in a transaction of its own."""
+    with transaction.atomic():
+        return record_outcome(execution, **outcome)
 
 
 # --- running a task ---------------------------------------------------------------------------------
@@ -677,11 +705,19 @@ class Executor:
                 return taken
             if isinstance(taken, LockWatchdog):
                 self._release_lock(taken)
-            if blocker_started is not None and blocker_started <= execution.run_after:
+            # Judged at the due instant, not while preparing: the previous run may end before.
+            now = time.time()
+            if (
+                now >= due
+                and blocker_started is not None
+                and blocker_started <= execution.run_after
+            ):
                 return None
-            if time.time() > give_up or not self.claiming:
+            if now > give_up or not self.claiming:
                 return None
-            time.sleep(LOCK_WAIT_POLL_S)
+            time.sleep(
+                max(0.001, min(LOCK_WAIT_POLL_S, due - now)) if now < due else LOCK_WAIT_POLL_S
+            )
 
     def _skip(self, execution: JobExecution, reason: str) -> None:
         if transition(
@@ -877,61 +913,34 @@ class Executor:
             try:
                 now = timezone.now()
                 with transaction.atomic():
-                    won = [self._write_one(outcome, now) for outcome in batch]
+                    for outcome in batch:
+                        self._write_one(outcome, now)
                 break
             except Exception:
                 logger.exception("writing %d outcomes failed (attempt %d)", len(batch), attempt + 1)
                 close_old_connections()
                 time.sleep(min(2.0, 0.2 * (attempt + 1)))
         else:
-            won = [False] * len(batch)
             logger.error("gave up writing %d outcomes; the reaper will recover them", len(batch))
-        for outcome, ok in zip(batch, won, strict=True):
+        for outcome in batch:
             if outcome.run.lock is not None:
                 self._release_lock(outcome.run.lock)
-            if ok:
-                events.send_after_commit(
-                    events.execution_changed,
-                    execution_id=outcome.run.execution.pk,
-                    job_id=outcome.run.execution.job_id,
-                    status=outcome.status,
-                )
         with self._lock:
             self._unwritten -= len(batch)
         self._changed()
 
     def _write_one(self, outcome: _Outcome, now: datetime) -> bool:
-        execution = outcome.run.execution
-        started_at = (
-            datetime.fromtimestamp(outcome.started, tz=UTC)
-            if outcome.started
-            else execution.started_at
-        ) or now
-        won = transition(
-            execution.pk,
-            source=S.RUNNING,
-            target=outcome.status,
-            claim_token=execution.claim_token,
-            started_at=started_at,
-            finished_at=now,
-            duration_ms=(now - started_at).total_seconds() * 1000,
-            result=_jsonable_result(outcome.result),
-            error=_bounded(outcome.error, 8192),
-            traceback=_bounded(outcome.tb),
-            output=_bounded(outcome.output),
-            reason=outcome.reason[:255],
+        return record_outcome(
+            outcome.run.execution,
+            status=outcome.status,
+            now=now,
+            result=outcome.result,
+            error=outcome.error,
+            tb=outcome.tb,
+            output=outcome.output,
+            reason=outcome.reason,
+            started=outcome.started,
         )
-        if won and outcome.status in (S.FAILED, S.TIMED_OUT):
-            create_retry_if_allowed(execution, now=now)
-        if not won:
-            logger.warning(
-                "fenced: execution %s is no longer ours (claim %s); outcome %s dropped",
-                execution.pk,
-                execution.claim_token,
-                outcome.status,
-                extra={"execution": execution.pk, "claim_token": execution.claim_token},
-            )
-        return won
 
     def _release_lock(self, watchdog: LockWatchdog) -> None:
         handle = watchdog.stop()
@@ -982,18 +991,13 @@ class Executor:
             run.cancel_event.set()
             if run.process is not None and run.process.is_alive():
                 run.process.kill()
-            now = timezone.now()
             with transaction.atomic():
-                won = transition(
-                    run.execution.pk,
-                    source=S.RUNNING,
-                    target=S.LOST,
-                    claim_token=run.execution.claim_token,
-                    finished_at=now,
-                    reason=f"node {self.node_id} shut down before the run finished",
-                )
-                if won:
-                    create_retry_if_allowed(run.execution, now=now)
+                if end_running(
+                    run.execution,
+                    status=S.LOST,
+                    reason=REASON_SHUT_DOWN.format(node=self.node_id),
+                    now=timezone.now(),
+                ):
                     count += 1
             if run.lock is not None:
                 self._release_lock(run.lock)

@@ -269,12 +269,11 @@ class NodeRunner:
                 )
                 if reaped.dead_nodes or reaped.stuck:
                     logger.warning(
-                        "reaped nodes %s: %d lost, %d unclaimed, %d stuck, %d retries",
+                        "reaped nodes %s: %d lost, %d unclaimed, %d stuck (retried per policy)",
                         reaped.dead_nodes,
                         reaped.lost,
                         reaped.unclaimed,
                         reaped.stuck,
-                        reaped.retries,
                         extra={**self._log_extra, "term": term},
                     )
         except Fenced as exc:

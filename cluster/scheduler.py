@@ -37,7 +37,7 @@ from jobs.models import (
     ScheduleType,
     Trigger,
 )
-from jobs.states import ExecutionStatus, transition
+from jobs.states import ExecutionStatus
 
 logger = logging.getLogger(__name__)
 
@@ -248,14 +248,13 @@ class ReapResult:
     lost: int = 0
     unclaimed: int = 0
     stuck: int = 0
-    retries: int = 0
 
 
 def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapResult:
     """Mark silent nodes dead; their running work becomes lost (and is retried per policy), their
     claimed-but-unstarted work goes back to the queue. Also times out runs stuck past
     timeout + dead threshold on any node."""
-    from cluster.executor import create_retry_if_allowed
+    from cluster.executor import end_running
 
     result = ReapResult()
     cutoff = now - dead_after
@@ -291,18 +290,13 @@ def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapR
                 )
             )
             for execution in running:
-                won = transition(
-                    execution.pk,
-                    source=ExecutionStatus.RUNNING,
-                    target=ExecutionStatus.LOST,
-                    claim_token=execution.claim_token,
-                    finished_at=now,
+                if end_running(
+                    execution,
+                    status=ExecutionStatus.LOST,
                     reason=REASON_NODE_DIED.format(node=execution.node),
-                )
-                if won:
+                    now=now,
+                ):
                     result.lost += 1
-                    if create_retry_if_allowed(execution, now=now):
-                        result.retries += 1
             result.unclaimed = JobExecution.objects.filter(
                 node__in=dead, status=ExecutionStatus.PENDING
             ).update(claim_token=None, node="", claimed_at=None)
@@ -314,16 +308,8 @@ def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapR
         for execution in stuck:
             limit = timedelta(seconds=execution.job.timeout_seconds) + dead_after
             if execution.started_at and now - execution.started_at > limit:
-                won = transition(
-                    execution.pk,
-                    source=ExecutionStatus.RUNNING,
-                    target=ExecutionStatus.TIMED_OUT,
-                    claim_token=execution.claim_token,
-                    finished_at=now,
-                    reason=REASON_STUCK,
-                )
-                if won:
+                if end_running(
+                    execution, status=ExecutionStatus.TIMED_OUT, reason=REASON_STUCK, now=now
+                ):
                     result.stuck += 1
-                    if create_retry_if_allowed(execution, now=now):
-                        result.retries += 1
     return result

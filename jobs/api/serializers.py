@@ -23,6 +23,7 @@ from jobs.models import (
     MisfirePolicy,
     ScheduleType,
 )
+from jobs.validation import WRITABLE_FIELDS
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -34,35 +35,10 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id",
-            "name",
-            "description",
-            "task",
-            "args",
-            "kwargs",
-            "schedule_type",
-            "cron_expression",
-            "timezone",
-            "interval_seconds",
-            "start_at",
-            "run_at",
+            *WRITABLE_FIELDS,
             "schedule_description",
-            "enabled",
             "next_fire_at",
             "last_fire_at",
-            "misfire_policy",
-            "misfire_grace_seconds",
-            "run_all_max",
-            "concurrency_policy",
-            "max_retries",
-            "retry_backoff_base",
-            "retry_backoff_factor",
-            "retry_backoff_max",
-            "retry_jitter",
-            "timeout_seconds",
-            "isolation",
-            "priority",
-            "queue",
-            "spread_seconds",
             "version",
             "created_at",
             "updated_at",

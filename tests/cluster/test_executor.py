@@ -6,7 +6,6 @@ executor's starter thread run it, and polls the database (bounded) for the outco
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import sys
@@ -22,7 +21,13 @@ from django.utils import timezone
 import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
 from cluster import executor as executor_module
 from cluster.coordination.memory import MemoryBackend
-from cluster.executor import REASON_CANCELLED, REASON_FORBID, REASON_TIMEOUT, Executor
+from cluster.executor import (
+    REASON_CANCELLED,
+    REASON_FORBID,
+    REASON_SHUT_DOWN,
+    REASON_TIMEOUT,
+    Executor,
+)
 from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
 from jobs.registry import task
 from jobs.services import SYSTEM, job_create
@@ -39,7 +44,18 @@ TEARDOWN_TIMEOUT_S = 5.0
 TIMEOUT_ENFORCED_WITHIN_S = 5.0
 CHILD_EXIT_TIMEOUT_S = 5.0
 LONG_TASK_S = 30
+SLOW_SUPERVISOR_S = 30.0
 PRINTED = ["first line", "second line"]
+PROCESS_ISOLATION_BUG = (
+    "BUG: process isolation never runs a task: the spawned child unpickles cluster.executor."
+    "_child_main, whose module imports jobs.models before django.setup() -> AppRegistryNotReady, "
+    "exit status 1 (cluster/executor.py, module imports + _child_main)"
+)
+PROCESS_CANCEL_BUG = (
+    "BUG: apply_cancel_requests kills the child before the run is completed, so the body thread's "
+    "EOF outcome (FAILED, 'task process exited with status -9', retried) wins over CANCELLED "
+    "(cluster/executor.py, Executor.apply_cancel_requests / _body_in_process)"
+)
 
 
 @task("test.print_lines")
@@ -48,6 +64,12 @@ def print_lines(lines: list[str]) -> int:
     for line in lines:
         print(line)
     return len(lines)
+
+
+@task("test.not_a_number")
+def not_a_number() -> dict[str, float]:
+    """A result json.dumps() accepts by default but no JSON column does."""
+    return {"ratio": float("nan")}
 
 
 @pytest.fixture
@@ -174,9 +196,10 @@ def test_a_failing_task_with_retries_gets_a_retry(executor):
 
 
 def test_a_task_printing_to_stdout_has_its_output_captured(executor, monkeypatch):
-    # pytest swaps sys.stdout for its own capture at every test phase, which unhooks the executor's
-    # per-thread stdout router installed by an earlier test; put it back for this test only.
-    pass
+    # pytest puts its own capture back into sys.stdout at every test phase, which unhooks the
+    # executor's per-thread stdout router (installed once per process, at the first Executor).
+    # A node process has no such swapping; put the router back for this test only.
+    monkeypatch.setattr(sys, "stdout", executor_module._install_output_capture())
     execution = submit(make_job("printer", "test.print_lines", kwargs={"lines": PRINTED}))
 
     done = run_to_outcome(executor, execution)
@@ -202,6 +225,7 @@ def test_thread_isolation_times_out_an_overrunning_task(executor):
     assert done.reason == REASON_TIMEOUT.format(seconds=1)
 
 
+@pytest.mark.xfail(strict=True, reason=PROCESS_ISOLATION_BUG)
 def test_process_isolation_kills_the_child_on_timeout(executor, tmp_path, monkeypatch):
     # The child is a fresh interpreter: it finds the test tasks through the settings.
     monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
@@ -249,6 +273,7 @@ def test_process_isolation_kills_the_child_on_timeout(executor, tmp_path, monkey
             os.kill(pid, 0)
 
 
+@pytest.mark.xfail(strict=True, reason=PROCESS_ISOLATION_BUG)
 def test_process_isolation_runs_the_task_in_a_child(executor, tmp_path, monkeypatch):
     monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
     path = tmp_path / "r"
@@ -259,7 +284,6 @@ def test_process_isolation_runs_the_task_in_a_child(executor, tmp_path, monkeypa
 
     assert done.status == S.SUCCEEDED, done.error
     assert done.result["pid"] != os.getpid()
-    assert json.loads(json.dumps(done.result)) == done.result
     assert recorded_ids(path) == [execution.pk]
 
 
@@ -287,6 +311,41 @@ def test_a_cancel_request_cancels_the_running_execution(executor, tmp_path):
     assert time.monotonic() - started < TIMEOUT_ENFORCED_WITHIN_S
     assert recorded_ids(tmp_path / "r") == [execution.pk]  # it had started
     wait_for(lambda: executor.running_count == 0, OUTCOME_TIMEOUT_S)
+
+
+@pytest.mark.xfail(strict=True, reason=f"{PROCESS_ISOLATION_BUG}; then {PROCESS_CANCEL_BUG}")
+def test_a_cancel_request_kills_a_process_isolated_run(executor, tmp_path, monkeypatch):
+    # The outcome must not depend on when the supervisor's next pass comes: make it come late
+    # (its current short wait ends long before the cancel below).
+    monkeypatch.setattr(executor_module, "SUPERVISE_INTERVAL_S", SLOW_SUPERVISOR_S)
+    monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
+    pid_file = tmp_path / "child.pid"
+    job = make_job(
+        "cancel-child",
+        "test.hang",
+        kwargs={"pid_file": str(pid_file)},
+        isolation=Isolation.PROCESS,
+        max_retries=1,
+    )
+    execution = submit(job)
+    assert executor.claim_once() == 1
+    wait_until_running(executor, execution)
+    wait_for(
+        lambda: pid_file.exists()
+        or JobExecution.objects.get(pk=execution.pk).status in TERMINAL_STATES,
+        OUTCOME_TIMEOUT_S,
+    )
+    assert pid_file.exists(), JobExecution.objects.get(pk=execution.pk).error
+    pid = int(pid_file.read_text())
+    JobExecution.objects.filter(pk=execution.pk).update(cancel_requested=True)
+    assert executor.apply_cancel_requests() == 1
+
+    done = wait_for_status(execution, TERMINAL_STATES)
+    assert (done.status, done.reason) == (S.CANCELLED, REASON_CANCELLED)
+    assert not JobExecution.objects.filter(job=job, attempt=2).exists()  # a cancel is not retried
+    wait_for(lambda: executor.running_count == 0, OUTCOME_TIMEOUT_S)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 def test_apply_cancel_requests_ignores_runs_nobody_asked_to_cancel(executor, tmp_path):
@@ -364,17 +423,24 @@ def test_allow_runs_two_executions_of_one_job_side_by_side(executor, tmp_path):
 # --- hand back on shutdown --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("max_retries", "expect_retry"), [(0, False), (1, True)])
+@pytest.mark.parametrize(
+    ("task_name", "kwargs", "max_retries", "expect_retry"),
+    [
+        # test.hang ignores the cancel flag: the run cannot end by itself during the hand-back.
+        ("test.hang", {"pid_file": "unused", "seconds": LONG_TASK_S}, 0, False),
+        ("test.hang", {"pid_file": "unused", "seconds": LONG_TASK_S}, 1, True),
+        # sleep stops as soon as it is cancelled: its own (late) outcome must not win.
+        ("sleep", {"seconds": LONG_TASK_S}, 1, True),
+    ],
+    ids=["ignores-cancel-no-retry", "ignores-cancel-retry", "honours-cancel-retry"],
+)
 def test_hand_back_running_marks_the_run_lost_and_retries_it(
-    executor, tmp_path, max_retries, expect_retry
+    executor, tmp_path, task_name, kwargs, max_retries, expect_retry
 ):
-    # test.hang ignores the cancel flag: the run cannot finish by itself while it is handed back.
+    if "pid_file" in kwargs:
+        kwargs = {**kwargs, "pid_file": str(tmp_path / "pid")}
     job = make_job(
-        "hand-back",
-        "test.hang",
-        kwargs={"pid_file": str(tmp_path / "pid"), "seconds": LONG_TASK_S},
-        max_retries=max_retries,
-        retry_jitter=False,
+        "hand-back", task_name, kwargs=kwargs, max_retries=max_retries, retry_jitter=False
     )
     execution = submit(job)
     assert executor.claim_once() == 1
@@ -382,47 +448,42 @@ def test_hand_back_running_marks_the_run_lost_and_retries_it(
 
     assert executor.hand_back_running() == 1
 
+    assert executor.running_count == 0
+    assert executor.wait_idle(OUTCOME_TIMEOUT_S)  # anything the run still reports is written
     done = JobExecution.objects.get(pk=execution.pk)
     assert done.status == S.LOST
-    assert NODE in done.reason
+    assert done.reason == REASON_SHUT_DOWN.format(node=NODE)
     retries = list(JobExecution.objects.filter(job=job, attempt=2))
     assert len(retries) == int(expect_retry)
     if expect_retry:
         assert retries[0].status == S.RETRY_SCHEDULED
-    wait_for(lambda: executor.running_count == 0, OUTCOME_TIMEOUT_S)
-    # The abandoned run's late outcome does not overwrite the hand-back.
-    assert JobExecution.objects.get(pk=execution.pk).status == S.LOST
+
+
+# --- outcomes that cannot be stored as they are ------------------------------------------------------
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="BUG: hand_back_running sets the cancel flag BEFORE its RUNNING->LOST write; a task that "
-    "honours the flag returns first and the run is recorded SUCCEEDED (no retry) "
-    "(cluster/executor.py, Executor.hand_back_running)",
+    reason="BUG: a NaN/Infinity result passes _jsonable_result (json.dumps allows NaN) but fails "
+    "the JSON column's check; the finisher retries the WHOLE batch 5 times, then drops it, so this "
+    "run and every run finished alongside it stay RUNNING for ever (cluster/executor.py, "
+    "_jsonable_result and Executor._write_outcomes)",
 )
-def test_hand_back_running_wins_over_a_task_that_stops_when_cancelled(executor, monkeypatch):
-    job = make_job(
-        "hand-back-sleep",
-        "sleep",
-        kwargs={"seconds": LONG_TASK_S},
-        max_retries=1,
-        retry_jitter=False,
-    )
-    execution = submit(job)
-    assert executor.claim_once() == 1
-    wait_until_running(executor, execution)
-    real_transition = executor_module.transition
+def test_a_result_that_is_not_valid_json_does_not_leave_runs_running(executor):
+    now = timezone.now()
+    due = now + timedelta(seconds=0.5)  # both due together: their outcomes share one write batch
+    odd = make_job("odd", "test.not_a_number")
+    plain = make_job("plain", "noop")
+    executions = [
+        JobExecution.objects.create(
+            job=job, scheduled_for=due, run_after=due, trigger=Trigger.MANUAL, queue=job.queue
+        )
+        for job in (odd, plain)
+    ]
+    assert executor.claim_once() == 2
 
-    def slow_lost_write(*args, **kwargs):
-        # The hand-back's write waits for a lock (e.g. SQLite's write lock held by another node).
-        if kwargs.get("target") == S.LOST:
-            time.sleep(0.5)
-        return real_transition(*args, **kwargs)
+    # Claimed, run and every outcome written (or given up on) once the load is back to zero.
+    wait_for(lambda: executor.load == 0, OUTCOME_TIMEOUT_S)
 
-    monkeypatch.setattr(executor_module, "transition", slow_lost_write)
-
-    assert executor.hand_back_running() == 1
-
-    done = wait_for_status(execution, TERMINAL_STATES)
-    assert done.status == S.LOST
-    assert JobExecution.objects.filter(job=job, attempt=2).exists()
+    done = [JobExecution.objects.get(pk=e.pk) for e in executions]
+    assert [d.status for d in done] == [S.SUCCEEDED, S.SUCCEEDED]

@@ -425,7 +425,8 @@ def test_reap_dead_nodes_of_a_stale_term_writes_nothing(term, fenced):
         assert rows(job) == [running]
     else:
         result = reap_dead_nodes(term=term, now=now, dead_after=DEAD_AFTER)
-        assert (result.dead_nodes, result.lost, result.retries) == (["dead-node"], 1, 1)
+        assert (result.dead_nodes, result.lost) == (["dead-node"], 1)
+        assert JobExecution.objects.filter(job=job, attempt=2).count() == 1
 
 
 # --- batching and cost ---------------------------------------------------------------------------------
@@ -535,7 +536,7 @@ def test_a_silent_node_is_marked_dead_and_its_running_work_is_lost(max_retries, 
     alive.refresh_from_db()
     assert alive.status == S.RUNNING
     retries = list(JobExecution.objects.filter(job=job, attempt=2))
-    assert result.retries == len(retries) == int(expect_retry)
+    assert len(retries) == int(expect_retry)
     if expect_retry:
         [retry] = retries
         assert retry.status == S.RETRY_SCHEDULED

@@ -185,6 +185,7 @@ def test_forbid_job_longer_than_its_interval_never_overlaps(cluster, tmp_path):
     skipped = JobExecution.objects.filter(job=job, status=S.SKIPPED)
     assert skipped.filter(reason=REASON_FORBID).count() >= 2
     assert not skipped.exclude(reason=REASON_FORBID).exists()
+    assert_forbid_skips_justified(job)
 
     # The side effects agree: each body ran once and started only after the previous one's
     # 2.5 s body was over.
@@ -367,7 +368,10 @@ def test_misfire_policy_also_covers_fires_created_ahead_before_the_outage(tmp_pa
 # --- 4. Redlock with three real masters at the job level ------------------------------------------
 
 
-def test_job_lock_needs_a_redlock_quorum_of_real_masters(redis_factory, tmp_path):
+def run_quorum_outage(redis_factory, tmp_path: Path) -> dict[str, Any]:
+    """A forbid 1-second job on two Redis-coordinated nodes whose job lock is Redlock over three
+    private masters (the lease lives on the first). One master lost: runs go on. Two lost: no run
+    starts, nothing crashes. Both restarted: runs resume."""
     masters = [redis_factory() for _ in range(3)]
     lease_master, second, third = masters
     records = tmp_path / "records.txt"
@@ -403,7 +407,7 @@ def test_job_lock_needs_a_redlock_quorum_of_real_masters(redis_factory, tmp_path
             scheduled_for__gte=datetime.fromtimestamp(outage_from, tz=UTC),
             scheduled_for__lte=datetime.fromtimestamp(outage_to - 1, tz=UTC),
         )
-        # The leader kept firing; those fires wait for the lock, unrun.
+        # The leader kept firing; those fires wait for the lock (deferred), unrun.
         assert in_outage.count() >= 3
         assert set(in_outage.values_list("status", flat=True)) == {S.PENDING}, dump(job)
         assert not JobExecution.objects.filter(
@@ -419,12 +423,61 @@ def test_job_lock_needs_a_redlock_quorum_of_real_masters(redis_factory, tmp_path
         cluster.close()
         for master in masters:
             master.stop()
-    logs = cluster.logs()
-    assert "crashed the worker thread" not in logs, logs
+    dump(job)
+    return {
+        "job": job,
+        "records": records,
+        "logs": "".join(n.log_path.read_text(errors="replace") for n in cluster.nodes.values()),
+        "lost_quorum_at": outage_from - 2.5,
+    }
+
+
+def assert_forbid_skips_justified(job) -> None:
+    """forbid skips a fire only when another run of the job was running at its due instant."""
+    job_rows = rows(job)
+    runs = [r for r in job_rows if r["started_at"] is not None]
+    for row in job_rows:
+        if row["status"] != S.SKIPPED or row["reason"] != REASON_FORBID:
+            continue
+        due = ts(row["scheduled_for"])
+        covering = [
+            r
+            for r in runs
+            if ts(r["started_at"]) <= due + 0.05
+            and (r["finished_at"] is None or ts(r["finished_at"]) >= due)
+        ]
+        assert covering, f"skipped as forbid, but no run was active at its due instant: {row}"
+
+
+def test_job_lock_needs_a_redlock_quorum_of_real_masters(redis_factory, tmp_path):
+    outcome = run_quorum_outage(redis_factory, tmp_path)
+    assert "crashed the worker thread" not in outcome["logs"]
+    assert "loop failed" not in outcome["logs"]
+    assert "executor step" not in outcome["logs"]
     assert not JobExecution.objects.filter(status=S.RUNNING).exists()
-    ran = read_records(records)
+    ran = read_records(outcome["records"])
     assert all(count == 1 for count in Counter(r[0] for r in ran).values()), "a run ran twice"
     assert all(count == 1 for count in Counter((r[1], r[2]) for r in ran).values())
+    for earlier, later in pairwise(
+        sorted(
+            JobExecution.objects.filter(job=outcome["job"], started_at__isnull=False).values_list(
+                "started_at", "finished_at"
+            )
+        )
+    ):
+        assert later[0] >= earlier[1], "forbid runs overlapped"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: fires deferred while the lock quorum was lost are skipped as 'forbid: previous "
+    "run still active' once it is back, though no run was active at their due instant: "
+    "Executor._defer moves run_after forward, and _acquire_forbid_lock compares the blocker's "
+    "start with that moved run_after instead of the fire's due instant (cluster/executor.py).",
+)
+def test_fires_deferred_by_a_lost_lock_quorum_are_not_skipped_as_forbid(redis_factory, tmp_path):
+    outcome = run_quorum_outage(redis_factory, tmp_path)
+    assert_forbid_skips_justified(outcome["job"])
 
 
 # --- 5. drain requested by an operator ------------------------------------------------------------
