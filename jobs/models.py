@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from jobs.states import ExecutionStatus
 
@@ -146,6 +147,13 @@ class Job(models.Model):
         return self.name
 
 
+class ExecutionQuerySet(models.QuerySet):
+    def update(self, **kwargs: object) -> int:
+        # Every write stamps updated_at, so readers (the dashboard) can ask "what changed since".
+        kwargs.setdefault("updated_at", timezone.now())
+        return super().update(**kwargs)
+
+
 class JobExecution(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="executions")
     scheduled_for = models.DateTimeField()  # the fire slot
@@ -170,6 +178,7 @@ class JobExecution(models.Model):
     )
 
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -179,6 +188,8 @@ class JobExecution(models.Model):
     error = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     output = models.TextField(blank=True, default="")  # bounded to MAX_OUTPUT_CHARS by the writer
+
+    objects = ExecutionQuerySet.as_manager()
 
     class Meta:
         ordering = ["-scheduled_for", "-attempt"]
@@ -194,6 +205,7 @@ class JobExecution(models.Model):
             models.Index(fields=["status", "node"], name="execution_node_idx"),
             models.Index(fields=["job", "status"], name="execution_job_status_idx"),
             models.Index(fields=["created_at"], name="execution_created_idx"),
+            models.Index(fields=["updated_at"], name="execution_updated_idx"),
             models.Index(fields=["finished_at"], name="execution_finished_idx"),
         ]
 

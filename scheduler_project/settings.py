@@ -267,4 +267,6 @@ LOGGING = {
 # On MariaDB, a client frozen inside a write transaction (SIGSTOP, a paused VM) would hold its row
 # locks until it resumes. The server kills such a connection after this many idle seconds, rolling
 # its transaction back (see cluster.apps). 0 disables it.
-SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S", 5)
+SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S = env_int(
+    "SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S", 5
+)

@@ -127,6 +127,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "reason",
             "triggered_by",
             "created_at",
+            "updated_at",
             "claimed_at",
             "started_at",
             "finished_at",

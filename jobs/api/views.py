@@ -145,6 +145,7 @@ class ExecutionFilter(django_filters.FilterSet):
     created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
     finished_after = django_filters.IsoDateTimeFilter(field_name="finished_at", lookup_expr="gte")
     finished_before = django_filters.IsoDateTimeFilter(field_name="finished_at", lookup_expr="lt")
+    updated_after = django_filters.IsoDateTimeFilter(field_name="updated_at", lookup_expr="gt")
 
     class Meta:
         model = JobExecution

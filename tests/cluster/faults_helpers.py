@@ -37,9 +37,7 @@ def make_job(name: str, task: str, kwargs: dict[str, Any], **fields: Any) -> Job
 
 
 def make_interval_job(name: str, task: str, kwargs: dict[str, Any], **fields: Any) -> Job:
-    return make_job(
-        name, task, kwargs, schedule_type="interval", interval_seconds=1, **fields
-    )
+    return make_job(name, task, kwargs, schedule_type="interval", interval_seconds=1, **fields)
 
 
 def make_manual_job(name: str, task: str, kwargs: dict[str, Any], **fields: Any) -> Job:
@@ -56,7 +54,9 @@ def make_manual_job(name: str, task: str, kwargs: dict[str, Any], **fields: Any)
 
 def rows(job: Job) -> list[dict[str, Any]]:
     return list(
-        JobExecution.objects.filter(job=job).order_by("scheduled_for", "attempt").values(*ROW_FIELDS)
+        JobExecution.objects.filter(job=job)
+        .order_by("scheduled_for", "attempt")
+        .values(*ROW_FIELDS)
     )
 
 

@@ -130,7 +130,11 @@ def test_a_claim_takes_at_most_limit_rows_each_with_its_own_token():
 
 @pytest.mark.parametrize(
     ("queues", "expected"),
-    [(("default",), {"default"}), (("heavy",), {"heavy"}), (("heavy", "default"), {"heavy", "default"})],
+    [
+        (("default",), {"default"}),
+        (("heavy",), {"heavy"}),
+        (("heavy", "default"), {"heavy", "default"}),
+    ],
 )
 def test_a_claim_takes_only_the_nodes_queues(queues, expected):
     job = make_job()

@@ -331,12 +331,14 @@ def test_a_cancel_request_kills_a_process_isolated_run(executor, tmp_path, monke
     assert executor.claim_once() == 1
     wait_until_running(executor, execution)
     wait_for(
-        lambda: pid_file.exists()
-        or JobExecution.objects.get(pk=execution.pk).status in TERMINAL_STATES,
+        lambda: (
+            pid_file.exists() or JobExecution.objects.get(pk=execution.pk).status in TERMINAL_STATES
+        ),
         OUTCOME_TIMEOUT_S,
     )
     assert pid_file.exists(), JobExecution.objects.get(pk=execution.pk).error
     pid = int(pid_file.read_text())
+
     JobExecution.objects.filter(pk=execution.pk).update(cancel_requested=True)
     assert executor.apply_cancel_requests() == 1
 

@@ -37,7 +37,9 @@ from jobs.states import ExecutionStatus
 pytestmark = pytest.mark.django_db
 
 S = ExecutionStatus
-T0 = datetime(2030, 1, 1, tzinfo=UTC)  # a whole minute: the first slot of a 60 s job created before it
+T0 = datetime(
+    2030, 1, 1, tzinfo=UTC
+)  # a whole minute: the first slot of a 60 s job created before it
 TERM = 1
 MINUTE = timedelta(seconds=60)
 SECOND = timedelta(seconds=1)

@@ -116,8 +116,10 @@ def test_sigkilled_worker_run_is_lost_and_retried_on_another_worker(cluster, tmp
 
     first = services.job_trigger(job_id=job.pk, by=services.SYSTEM)
     wait_for(
-        lambda: JobExecution.objects.filter(pk=first.pk, status=S.RUNNING, node="w1").exists()
-        and record_count(records) == 1,
+        lambda: (
+            JobExecution.objects.filter(pk=first.pk, status=S.RUNNING, node="w1").exists()
+            and record_count(records) == 1
+        ),
         WAIT_S,
     )
     doomed.signal(signal.SIGKILL)
@@ -307,9 +309,7 @@ def test_misfire_policies_after_the_whole_cluster_was_down(tmp_path):
         assert_no_slot_lost_or_doubled(job, path, outcome["checked_until"])
         # What the new leader planned for the missed slots (slot <= its first tick).
         planned = [
-            r
-            for r in rows(job)
-            if r["term"] == second_term and ts(r["scheduled_for"]) <= tick_now
+            r for r in rows(job) if r["term"] == second_term and ts(r["scheduled_for"]) <= tick_now
         ]
         assert len(planned) >= 3, f"{policy}: expected several missed slots, got {planned}"
         run = [r for r in planned if r["status"] != S.SKIPPED]
@@ -325,9 +325,7 @@ def test_misfire_policies_after_the_whole_cluster_was_down(tmp_path):
             assert ran_slots[ts(r["scheduled_for"])] == (0 if r in skipped else 1)
         # After the catch-up the schedule continues on time.
         on_time = [
-            r
-            for r in rows(job)
-            if tick_now < ts(r["scheduled_for"]) <= outcome["checked_until"]
+            r for r in rows(job) if tick_now < ts(r["scheduled_for"]) <= outcome["checked_until"]
         ]
         assert on_time and all(r["status"] == S.SUCCEEDED for r in on_time), on_time
         assert all(r["reason"] == "" for r in on_time)
