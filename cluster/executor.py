@@ -38,9 +38,11 @@ from django.db.models import Q, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
+from cluster.child import run_task
 from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
 from jobs import events, registry
 from jobs.models import MAX_OUTPUT_CHARS, ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
+from jobs.schedules import spread_offset
 from jobs.states import RETRYABLE_STATES, ExecutionStatus, transition
 
 logger = logging.getLogger(__name__)
@@ -55,11 +57,15 @@ SPIN_S = 0.0015
 JOB_LOCK_TTL_MS = 3_000
 LOCK_WAIT_POLL_S = 0.1
 LOCK_UNAVAILABLE_RETRY_S = 1.0
+# How often a buffer_one run waiting for the running one looks again.
+BUFFER_RECHECK_S = 0.5
 SUPERVISE_INTERVAL_S = 0.05
+PROCESS_REAP_S = 2.0
 # Outcomes written in one transaction at most; one commit for many runs.
 FINISH_BATCH = 200
 FINISH_WRITE_ATTEMPTS = 5
 REASON_FORBID = "forbid: previous run still active"
+REASON_MISFIRE_STALE = "misfire: not started within the grace period ({grace} s)"
 REASON_TIMEOUT = "exceeded timeout of {seconds} s"
 REASON_LOCK_LOST = "job lock lost while running"
 REASON_CANCELLED = "cancelled"
@@ -74,6 +80,26 @@ def wait_until(instant: float) -> None:
         time.sleep(remaining - SPIN_S)
     while time.time() < instant:
         pass
+
+
+def due_instant(execution: JobExecution) -> datetime:
+    """When the fire was due: its slot plus the job's spread for a scheduled fire (``run_after`` may
+    since have moved, e.g. deferred while the lock service was down), else its ``run_after``."""
+    if execution.trigger == Trigger.SCHEDULE:
+        job = execution.job
+        offset = spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
+        return execution.scheduled_for + timedelta(seconds=offset)
+    return execution.run_after
+
+
+def _stale(execution: JobExecution, now: float) -> bool:
+    """A scheduled fire that became runnable longer ago than the job's misfire grace (it was
+    created ahead of time, then its node and the leader went away): the scheduler's misfire
+    handling covers the slots after it, so running it too would break the policy."""
+    if execution.trigger != Trigger.SCHEDULE:
+        return False
+    runnable_since = max(execution.run_after, execution.created_at).timestamp()
+    return now - runnable_since > execution.job.misfire_grace_seconds
 
 
 # --- storage operations (each one conditional, each one small) -------------------------------------
@@ -160,6 +186,9 @@ def create_retry_if_allowed(execution: JobExecution, *, now: datetime) -> JobExe
 
 
 def _bounded(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
+    """At most ``limit`` characters, and always storable: lone surrogates (a file name that was
+    not UTF-8, decoded with os.fsdecode) become backslash escapes instead of failing the write."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[:limit] + "\n...[truncated]"
 
 
@@ -167,7 +196,8 @@ def _jsonable_result(value: Any) -> Any:
     import json
 
     try:
-        encoded = json.dumps(value)
+        # allow_nan=False: NaN/Infinity are not JSON, and the database's JSON column refuses them.
+        encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
         return {"repr": _bounded(repr(value), RESULT_MAX_CHARS)}
     if len(encoded) > RESULT_MAX_CHARS:
@@ -285,6 +315,9 @@ def _install_output_capture() -> _ThreadOutput:
     with _stdout_lock:
         if _stdout is None:
             _stdout = _ThreadOutput(sys.stdout)
+        if sys.stdout is not _stdout:
+            # Someone (a test runner, a library) put its own stream back: wrap that one.
+            _stdout.original = sys.stdout
             sys.stdout = _stdout
         return _stdout
 
@@ -295,37 +328,6 @@ def _call_task(
     if spec.takes_context:
         return spec.func(*args, context=context, **kwargs)
     return spec.func(*args, **kwargs)
-
-
-def _child_main(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) -> None:
-    """Entry point of a process-isolated run (a fresh interpreter: set Django up first)."""
-    import django
-
-    django.setup()
-    from jobs import registry as child_registry
-
-    context = child_registry.TaskContext(
-        execution_id=meta["execution_id"],
-        job_name=meta["job_name"],
-        attempt=meta["attempt"],
-        scheduled_for=None,
-        cancel_event=threading.Event(),
-    )
-    try:
-        spec = child_registry.get_task(task_name)
-        value = _call_task(spec, args, kwargs, context)
-        conn.send({"ok": True, "result": _jsonable_result(value), "output": context.output})
-    except BaseException as exc:  # report everything, including SystemExit, to the parent
-        conn.send(
-            {
-                "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(),
-                "output": context.output,
-            }
-        )
-    finally:
-        conn.close()
 
 
 @dataclass(order=True)
@@ -501,7 +503,15 @@ class Executor:
         """Locks and checks for the batch, then one conditional UPDATE marks it running."""
         fast: list[tuple[_Scheduled, LockWatchdog | None]] = []
         slow: list[_Scheduled] = []
+        now = time.time()
         for item in batch:
+            if _stale(item.execution, now):
+                self._skip(
+                    item.execution,
+                    REASON_MISFIRE_STALE.format(grace=item.execution.job.misfire_grace_seconds),
+                )
+                self._forget(item.execution.pk)
+                continue
             policy = item.execution.job.concurrency_policy
             if policy == ConcurrencyPolicy.BUFFER_ONE:
                 slow.append(item)
@@ -621,8 +631,15 @@ class Executor:
         elif job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and self._forbid_blocked(
             execution
         ):
-            # Wait for the running one: hand it back; it is claimed again when it can start.
-            unclaim(execution)
+            # Wait for the running one: hand it back, to be claimed again a little later.
+            JobExecution.objects.filter(
+                pk=execution.pk, status=S.PENDING, claim_token=execution.claim_token
+            ).update(
+                claim_token=None,
+                node="",
+                claimed_at=None,
+                run_after=timezone.now() + timedelta(seconds=BUFFER_RECHECK_S),
+            )
             self._forget(execution.pk)
             return
         wait_until(due)
@@ -710,7 +727,7 @@ class Executor:
             if (
                 now >= due
                 and blocker_started is not None
-                and blocker_started <= execution.run_after
+                and blocker_started <= due_instant(execution)
             ):
                 return None
             if now > give_up or not self.claiming:
@@ -751,11 +768,11 @@ class Executor:
         job = run.execution.job
         context = self._context(run)
         run.context = context
-        assert _stdout is not None
+        stdout = _install_output_capture()
         wait_until(run.due)
         if job.timeout_seconds:
             run.deadline = time.monotonic() + job.timeout_seconds
-        _stdout.local.context = context
+        stdout.local.context = context
         started = time.time()
         try:
             spec = registry.get_task(job.task)
@@ -787,7 +804,7 @@ class Executor:
                     _Outcome(run, S.SUCCEEDED, result=value, output=context.output, started=started)
                 )
         finally:
-            _stdout.local.context = None
+            stdout.local.context = None
             connection.close()
 
     def _body_in_process(self, run: ActiveRun) -> None:
@@ -797,7 +814,7 @@ class Executor:
         parent_conn, child_conn = ctx.Pipe(duplex=False)
         meta = {"execution_id": execution.pk, "job_name": job.name, "attempt": execution.attempt}
         process = ctx.Process(
-            target=_child_main,
+            target=run_task,
             args=(job.task, list(job.args), dict(job.kwargs), meta, child_conn),
             daemon=True,
         )
@@ -859,6 +876,7 @@ class Executor:
             self._unwritten += 1
         if run.process is not None and run.process.is_alive():
             run.process.kill()
+            run.process.join(PROCESS_REAP_S)  # reap it: no zombie left behind
         self._outcomes.put(outcome)
         return True
 
@@ -909,25 +927,50 @@ class Executor:
             self._write_outcomes(batch)
 
     def _write_outcomes(self, batch: list[_Outcome]) -> None:
+        """All outcomes in one transaction. If that fails, each on its own (one bad outcome must
+        not hold up the others), and one that still cannot be stored is recorded as failed with
+        the storage error, so no run stays running."""
+        written = False
         for attempt in range(FINISH_WRITE_ATTEMPTS):
             try:
                 now = timezone.now()
                 with transaction.atomic():
                     for outcome in batch:
                         self._write_one(outcome, now)
+                written = True
                 break
             except Exception:
                 logger.exception("writing %d outcomes failed (attempt %d)", len(batch), attempt + 1)
                 close_old_connections()
+                if len(batch) > 1:
+                    break  # fall back to one at a time at once
                 time.sleep(min(2.0, 0.2 * (attempt + 1)))
-        else:
-            logger.error("gave up writing %d outcomes; the reaper will recover them", len(batch))
+        if not written:
+            for outcome in batch:
+                self._write_alone(outcome)
         for outcome in batch:
             if outcome.run.lock is not None:
                 self._release_lock(outcome.run.lock)
         with self._lock:
             self._unwritten -= len(batch)
         self._changed()
+
+    def _write_alone(self, outcome: _Outcome) -> None:
+        try:
+            with transaction.atomic():
+                self._write_one(outcome, timezone.now())
+            return
+        except Exception as exc:
+            logger.exception("outcome of execution %s cannot be stored", outcome.run.execution.pk)
+            error = f"the outcome could not be stored: {type(exc).__name__}: {exc}"
+        close_old_connections()
+        try:
+            with transaction.atomic():
+                self._write_one(_Outcome(outcome.run, S.FAILED, error=error), timezone.now())
+        except Exception:
+            logger.exception(
+                "gave up on execution %s; the reaper will recover it", outcome.run.execution.pk
+            )
 
     def _write_one(self, outcome: _Outcome, now: datetime) -> bool:
         return record_outcome(
@@ -964,8 +1007,10 @@ class Executor:
             if run is not None and not run.cancel_event.is_set():
                 run.outcome_reason = reason or REASON_CANCELLED
                 run.cancel_event.set()
-                if run.process is not None and run.process.is_alive():
-                    run.process.kill()
+                # Recorded as cancelled first, then a child process is killed (in _complete), so
+                # the child's death is not mistaken for a failure.
+                output = run.context.output if run.context else ""
+                self._complete(_Outcome(run, S.CANCELLED, output=output, reason=run.outcome_reason))
         return len(wanted)
 
     def wait_idle(self, timeout_s: float) -> bool:

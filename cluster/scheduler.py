@@ -21,6 +21,7 @@ job lock, see executor), ``allow`` runs everything.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -45,7 +46,7 @@ DEFAULT_BATCH_SIZE = 500
 # Fires one job may get in a single tick within the horizon (a 1 s job with a 2 s look-ahead: 2-3).
 MAX_FIRES_PER_JOB_PER_TICK = 20
 MAX_RECORDED_MISSES = 100
-# Missed slots walked one by one before jumping straight to "next after now".
+# Cron slots walked one by one when counting a long outage before estimating the rest.
 MAX_MISSED_SCAN = 2000
 
 REASON_MISFIRE_COALESCED = "misfire: coalesced into one run (run_once)"
@@ -81,6 +82,41 @@ def _next_slot(job: Job, after: datetime) -> datetime | None:
     )
 
 
+def _missed_slots(
+    job: Job, first: datetime, now: datetime, keep: int
+) -> tuple[list[datetime], int]:
+    """The most recent ``keep`` slots in [first, now], oldest first, and how many there are in all.
+
+    Interval slots are counted by arithmetic. Cron slots are walked one by one up to
+    MAX_MISSED_SCAN; past that, the walk restarts close to ``now`` (from the average spacing seen so
+    far) and the total is an estimate, good enough for a log line."""
+    if job.schedule_type == ScheduleType.INTERVAL:
+        step = timedelta(seconds=job.interval_seconds)
+        total = int((now - first) / step) + 1
+        last = first + (total - 1) * step
+        return [last - k * step for k in reversed(range(min(keep, total)))], total
+    recent: deque[datetime] = deque(maxlen=keep)
+    slot: datetime | None = first
+    walked = 0
+    while slot is not None and slot <= now and walked < MAX_MISSED_SCAN:
+        recent.append(slot)
+        walked += 1
+        slot = _next_slot(job, slot)
+    if slot is None or slot > now:
+        return list(recent), walked
+    spacing = (slot - first) / walked
+    restart = now - spacing * (keep + 2)
+    skipped_over = max(0, int((restart - slot) / spacing))
+    recent.clear()
+    slot = _next_slot(job, max(restart, slot))
+    tail = 0
+    while slot is not None and slot <= now:
+        recent.append(slot)
+        tail += 1
+        slot = _next_slot(job, slot)
+    return list(recent), walked + skipped_over + tail
+
+
 def _execution(
     job: Job, slot: datetime, *, term: int, now: datetime, status: str, reason: str = ""
 ) -> JobExecution:
@@ -102,23 +138,26 @@ def _execution(
 
 
 def _plan_job(
-    job: Job, *, now: datetime, horizon: datetime, term: int, waiting: bool, result: TickResult
+    job: Job,
+    *,
+    now: datetime,
+    horizon: datetime,
+    term: int,
+    running: bool,
+    waiting: bool,
+    result: TickResult,
 ) -> list[JobExecution]:
-    """The executions (to run or skipped) for one due job; advances job.next_fire_at in memory."""
+    """The executions (to run or skipped) for one due job; advances job.next_fire_at in memory.
+
+    ``running``: a run of the job is RUNNING; ``waiting``: a run is already pending behind it. A
+    buffer_one slot is skipped only when both hold: one run goes on, one waits, no more."""
     rows: list[JobExecution] = []
     slot = job.next_fire_at
     grace = timedelta(seconds=job.misfire_grace_seconds)
     if slot is not None and now - slot > grace:
-        missed: list[datetime] = []
-        scanned_all = True
-        while slot is not None and slot <= now:
-            if len(missed) >= MAX_MISSED_SCAN:
-                scanned_all = False
-                break
-            missed.append(slot)
-            slot = _next_slot(job, slot)
-        if not scanned_all:
-            slot = _next_slot(job, now)
+        keep = max(job.run_all_max, 1) + MAX_RECORDED_MISSES
+        missed, total = _missed_slots(job, slot, now, keep)
+        slot = _next_slot(job, now)
         if job.misfire_policy == MisfirePolicy.RUN_ONCE:
             run, skip, reason = missed[-1:], missed[:-1], REASON_MISFIRE_COALESCED
         elif job.misfire_policy == MisfirePolicy.SKIP:
@@ -127,7 +166,8 @@ def _plan_job(
             run, skip = missed[-job.run_all_max :], missed[: -job.run_all_max]
             reason = REASON_MISFIRE_BEYOND_BOUND
         recorded = skip[-MAX_RECORDED_MISSES:]
-        result.unrecorded_misses += len(skip) - len(recorded)
+        unrecorded = total - len(run) - len(recorded)
+        result.unrecorded_misses += unrecorded
         rows += [
             _execution(job, s, term=term, now=now, status=ExecutionStatus.SKIPPED, reason=reason)
             for s in recorded
@@ -135,11 +175,11 @@ def _plan_job(
         rows += [
             _execution(job, s, term=term, now=now, status=ExecutionStatus.PENDING) for s in run
         ]
-        if len(skip) > len(recorded):
+        if unrecorded:
             logger.warning(
-                "job %s missed %d slots; %d recorded as skipped",
+                "job %s missed %d slots; the newest %d recorded as skipped",
                 job.name,
-                len(skip),
+                total - len(run),
                 len(recorded),
                 extra={"job": job.pk, "term": term},
             )
@@ -147,7 +187,7 @@ def _plan_job(
             job.last_fire_at = run[-1]
     fires = 0
     while slot is not None and slot <= horizon and fires < MAX_FIRES_PER_JOB_PER_TICK:
-        if job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and waiting:
+        if job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and running and waiting:
             rows.append(
                 _execution(
                     job,
@@ -160,7 +200,7 @@ def _plan_job(
             )
         else:
             rows.append(_execution(job, slot, term=term, now=now, status=ExecutionStatus.PENDING))
-            waiting = True
+            waiting = waiting or running
             job.last_fire_at = slot
         fires += 1
         slot = _next_slot(job, slot)
@@ -197,13 +237,18 @@ def scheduler_tick(
             ids_buffer = [
                 j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE
             ]
-            waiting_jobs = set()
+            running_jobs: set[int] = set()
+            waiting_jobs: set[int] = set()
             if ids_buffer:
-                waiting_jobs = set(
-                    JobExecution.objects.filter(
-                        job_id__in=ids_buffer, status=ExecutionStatus.PENDING
-                    ).values_list("job_id", flat=True)
-                )
+                for job_id, status in JobExecution.objects.filter(
+                    job_id__in=ids_buffer,
+                    status__in=[ExecutionStatus.RUNNING, ExecutionStatus.PENDING],
+                    run_after__lte=now,
+                ).values_list("job_id", "status"):
+                    if status == ExecutionStatus.RUNNING:
+                        running_jobs.add(job_id)
+                    else:
+                        waiting_jobs.add(job_id)
             rows: list[JobExecution] = []
             for job in jobs:
                 rows += _plan_job(
@@ -211,11 +256,14 @@ def scheduler_tick(
                     now=now,
                     horizon=horizon,
                     term=term,
+                    running=job.pk in running_jobs,
                     waiting=job.pk in waiting_jobs,
                     result=result,
                 )
             created = JobExecution.objects.bulk_create(rows)
-            Job.objects.bulk_update(jobs, ["next_fire_at", "last_fire_at"])
+            for job in jobs:
+                job.updated_at = now  # "the row changed": the dashboard streams next/last fire
+            Job.objects.bulk_update(jobs, ["next_fire_at", "last_fire_at", "updated_at"])
             replace_ids = [j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.REPLACE]
             if replace_ids:
                 JobExecution.objects.filter(

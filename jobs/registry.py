@@ -188,8 +188,11 @@ def task_names() -> list[str]:
 def _is_plain_json(value: Any) -> bool:
     """True when ``value`` survives a JSON round trip unchanged (no tuples, sets, NaN, int keys)."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False)) == value
-    except (TypeError, ValueError, RecursionError):
+        # ensure_ascii=False + encode: a lone surrogate is not valid UTF-8 and the database would
+        # refuse it (a 500 at insert instead of a 400 now).
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        return json.loads(encoded) == value
+    except (TypeError, ValueError, RecursionError, UnicodeEncodeError):
         return False
 
 

@@ -29,7 +29,7 @@ from cluster.executor import (
     Executor,
 )
 from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
-from jobs.registry import task
+from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
 from jobs.states import TERMINAL_STATES, ExecutionStatus
 from tests.cluster.harness import wait_for
@@ -46,16 +46,7 @@ CHILD_EXIT_TIMEOUT_S = 5.0
 LONG_TASK_S = 30
 SLOW_SUPERVISOR_S = 30.0
 PRINTED = ["first line", "second line"]
-PROCESS_ISOLATION_BUG = (
-    "BUG: process isolation never runs a task: the spawned child unpickles cluster.executor."
-    "_child_main, whose module imports jobs.models before django.setup() -> AppRegistryNotReady, "
-    "exit status 1 (cluster/executor.py, module imports + _child_main)"
-)
-PROCESS_CANCEL_BUG = (
-    "BUG: apply_cancel_requests kills the child before the run is completed, so the body thread's "
-    "EOF outcome (FAILED, 'task process exited with status -9', retried) wins over CANCELLED "
-    "(cluster/executor.py, Executor.apply_cancel_requests / _body_in_process)"
-)
+NON_UTF8_FILE_NAME = b"report-\xff.csv"
 
 
 @task("test.print_lines")
@@ -70,6 +61,12 @@ def print_lines(lines: list[str]) -> int:
 def not_a_number() -> dict[str, float]:
     """A result json.dumps() accepts by default but no JSON column does."""
     return {"ratio": float("nan")}
+
+
+@task("test.log_file_name", takes_context=True)
+def log_file_name(context: TaskContext) -> None:
+    """Log a file name that is not UTF-8 (os.fsdecode keeps the odd byte as a lone surrogate)."""
+    context.log("wrote " + os.fsdecode(NON_UTF8_FILE_NAME))
 
 
 @pytest.fixture
@@ -225,7 +222,6 @@ def test_thread_isolation_times_out_an_overrunning_task(executor):
     assert done.reason == REASON_TIMEOUT.format(seconds=1)
 
 
-@pytest.mark.xfail(strict=True, reason=PROCESS_ISOLATION_BUG)
 def test_process_isolation_kills_the_child_on_timeout(executor, tmp_path, monkeypatch):
     # The child is a fresh interpreter: it finds the test tasks through the settings.
     monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
@@ -273,7 +269,6 @@ def test_process_isolation_kills_the_child_on_timeout(executor, tmp_path, monkey
             os.kill(pid, 0)
 
 
-@pytest.mark.xfail(strict=True, reason=PROCESS_ISOLATION_BUG)
 def test_process_isolation_runs_the_task_in_a_child(executor, tmp_path, monkeypatch):
     monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
     path = tmp_path / "r"
@@ -313,7 +308,6 @@ def test_a_cancel_request_cancels_the_running_execution(executor, tmp_path):
     wait_for(lambda: executor.running_count == 0, OUTCOME_TIMEOUT_S)
 
 
-@pytest.mark.xfail(strict=True, reason=f"{PROCESS_ISOLATION_BUG}; then {PROCESS_CANCEL_BUG}")
 def test_a_cancel_request_kills_a_process_isolated_run(executor, tmp_path, monkeypatch):
     # The outcome must not depend on when the supervisor's next pass comes: make it come late
     # (its current short wait ends long before the cancel below).
@@ -464,17 +458,18 @@ def test_hand_back_running_marks_the_run_lost_and_retries_it(
 # --- outcomes that cannot be stored as they are ------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a NaN/Infinity result passes _jsonable_result (json.dumps allows NaN) but fails "
-    "the JSON column's check; the finisher retries the WHOLE batch 5 times, then drops it, so this "
-    "run and every run finished alongside it stay RUNNING for ever (cluster/executor.py, "
-    "_jsonable_result and Executor._write_outcomes)",
+@pytest.mark.parametrize(
+    "odd_task",
+    [
+        "test.not_a_number",
+        "test.log_file_name",
+    ],
+    ids=["nan-result", "non-utf8-output"],
 )
-def test_a_result_that_is_not_valid_json_does_not_leave_runs_running(executor):
+def test_an_odd_outcome_is_recorded_and_does_not_hold_up_its_batch(executor, odd_task):
     now = timezone.now()
     due = now + timedelta(seconds=0.5)  # both due together: their outcomes share one write batch
-    odd = make_job("odd", "test.not_a_number")
+    odd = make_job("odd", odd_task)
     plain = make_job("plain", "noop")
     executions = [
         JobExecution.objects.create(

@@ -297,12 +297,6 @@ def test_a_huge_gap_records_at_most_max_recorded_misses_and_reports_the_rest():
     assert HUGE_GAP_NOW < job.next_fire_at <= HUGE_GAP_NOW + SECOND
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: past MAX_MISSED_SCAN the scan keeps the OLDEST 2,000 slots, so run_once/run_all "
-    "run slots from a day ago and the recorded skips are not the newest (cluster/scheduler.py, "
-    "_plan_job)",
-)
 @pytest.mark.parametrize(
     ("policy", "run_all_max", "expected_run"),
     [
@@ -321,11 +315,6 @@ def test_a_huge_gap_runs_the_most_recent_missed_slots(policy, run_all_max, expec
     assert max(slots(rows(job, S.SKIPPED))) == expected_run[0] - SECOND
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: unrecorded_misses counts only the first MAX_MISSED_SCAN slots (1,899 of 86,300) "
-    "(cluster/scheduler.py, _plan_job)",
-)
 def test_a_huge_gap_accounts_for_every_missed_slot():
     huge_gap_job()
 
@@ -338,38 +327,53 @@ def test_a_huge_gap_accounts_for_every_missed_slot():
 
 
 @pytest.mark.parametrize(
-    ("policy", "existing", "new_status", "new_reason", "cancel_requested", "existing_reason"),
+    ("policy", "existing", "new_status", "new_reason", "cancel_requested"),
     [
-        (ConcurrencyPolicy.REPLACE, S.RUNNING, S.PENDING, "", True, REASON_REPLACED),
-        (ConcurrencyPolicy.BUFFER_ONE, S.PENDING, S.SKIPPED, REASON_BUFFER_FULL, False, ""),
-        (ConcurrencyPolicy.BUFFER_ONE, S.RUNNING, S.PENDING, "", False, ""),
-        (ConcurrencyPolicy.FORBID, S.RUNNING, S.PENDING, "", False, ""),  # enforced at start
-        (ConcurrencyPolicy.ALLOW, S.RUNNING, S.PENDING, "", False, ""),
+        (ConcurrencyPolicy.REPLACE, [S.RUNNING], S.PENDING, "", True),
+        # One run goes on and one waits behind it: the buffer is full, the slot is skipped.
+        (
+            ConcurrencyPolicy.BUFFER_ONE,
+            [S.RUNNING, S.PENDING],
+            S.SKIPPED,
+            REASON_BUFFER_FULL,
+            False,
+        ),
+        (ConcurrencyPolicy.BUFFER_ONE, [S.RUNNING], S.PENDING, "", False),
+        # Nothing runs: the waiting run is about to be the current one; the new one may wait.
+        (ConcurrencyPolicy.BUFFER_ONE, [S.PENDING], S.PENDING, "", False),
+        (ConcurrencyPolicy.FORBID, [S.RUNNING], S.PENDING, "", False),  # enforced at start
+        (ConcurrencyPolicy.ALLOW, [S.RUNNING, S.PENDING], S.PENDING, "", False),
     ],
-    ids=["replace", "buffer_one-waiting", "buffer_one-running", "forbid", "allow"],
+    ids=[
+        "replace",
+        "buffer_one-full",
+        "buffer_one-running",
+        "buffer_one-waiting-only",
+        "forbid",
+        "allow",
+    ],
 )
 def test_concurrency_policy_at_fire_time(
-    policy, existing, new_status, new_reason, cancel_requested, existing_reason
+    policy, existing, new_status, new_reason, cancel_requested
 ):
     job = make_job(concurrency_policy=policy)
-    previous = add_execution(job, slot=T0 - MINUTE, status=existing)
+    previous = [
+        add_execution(job, slot=T0 - (len(existing) - i) * MINUTE, status=status)
+        for i, status in enumerate(existing)
+    ]
 
     scheduler_tick(term=TERM, now=T0 + SECOND)
 
     [new] = [e for e in rows(job) if e.scheduled_for == T0]
     assert (new.status, new.reason) == (new_status, new_reason)
-    previous.refresh_from_db()
-    assert previous.status == existing  # the scheduler only asks; the executor cancels
-    assert (previous.cancel_requested, previous.reason) == (cancel_requested, existing_reason)
+    for execution, status in zip(previous, existing, strict=True):
+        execution.refresh_from_db()
+        assert execution.status == status  # the scheduler only asks; the executor cancels
+        asked = cancel_requested and status == S.RUNNING
+        assert execution.cancel_requested == asked
+        assert execution.reason == (REASON_REPLACED if asked else "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: buffer_one counts a run created in the same tick (or an earlier tick's look-ahead "
-    "run that has not started yet) as 'waiting' although nothing runs, so with the node's default "
-    "look-ahead every other slot of a 1 s job is recorded skipped (cluster/scheduler.py, _plan_job "
-    "and the waiting_jobs query in scheduler_tick)",
-)
 def test_buffer_one_with_nothing_running_does_not_skip_a_look_ahead_slot():
     job = make_job(
         interval_seconds=1, concurrency_policy=ConcurrencyPolicy.BUFFER_ONE, now=T0 - 0.5 * SECOND

@@ -1,0 +1,42 @@
+"""Entry point of a process-isolated run.
+
+A 'spawn' child unpickles its target by importing this module in a fresh interpreter, before Django
+is set up: so nothing here may import models at module level.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any
+
+
+def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) -> None:
+    import django
+
+    django.setup()
+    from cluster.executor import _call_task, _jsonable_result
+    from jobs import registry
+
+    context = registry.TaskContext(
+        execution_id=meta["execution_id"],
+        job_name=meta["job_name"],
+        attempt=meta["attempt"],
+        scheduled_for=None,
+        cancel_event=threading.Event(),
+    )
+    try:
+        spec = registry.get_task(task_name)
+        value = _call_task(spec, args, kwargs, context)
+        conn.send({"ok": True, "result": _jsonable_result(value), "output": context.output})
+    except BaseException as exc:  # report everything, including SystemExit, to the parent
+        conn.send(
+            {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(),
+                "output": context.output,
+            }
+        )
+    finally:
+        conn.close()
