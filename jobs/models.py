@@ -115,6 +115,7 @@ class Job(models.Model):
             # The scheduler asks "which enabled jobs are due": this index answers without a scan.
             models.Index(fields=["enabled", "next_fire_at"], name="job_due_idx"),
             models.Index(fields=["task"], name="job_task_idx"),
+            models.Index(fields=["updated_at"], name="job_updated_idx"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -207,6 +208,7 @@ class JobExecution(models.Model):
             models.Index(fields=["created_at"], name="execution_created_idx"),
             models.Index(fields=["updated_at"], name="execution_updated_idx"),
             models.Index(fields=["finished_at"], name="execution_finished_idx"),
+            models.Index(fields=["status", "finished_at"], name="execution_outcome_idx"),
         ]
 
     def __str__(self) -> str:

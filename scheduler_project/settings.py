@@ -195,7 +195,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -270,3 +272,28 @@ LOGGING = {
 SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S = env_int(
     "SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S", 5
 )
+
+# --- Live dashboard (cluster.live, docs/live-protocol.md) -----------------------------------------
+# Read by cluster.live when the first dashboard connects (tests override them with settings).
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
+    if not value > minimum:
+        raise ImproperlyConfigured(f"{name} must be greater than {minimum}, got {raw!r}")
+    return value
+
+
+# Seconds between two database polls of a web process while at least one dashboard is connected.
+SCHEDULER_LIVE_POLL_S = env_float("SCHEDULER_LIVE_POLL_S", 0.05)
+# Seconds between re-checks that connected users are still logged in, active and hold a role.
+SCHEDULER_LIVE_RECHECK_S = env_float("SCHEDULER_LIVE_RECHECK_S", 2.0)
+# Seconds a poll looks back for rows committed after newer ones (slow commits, writer clock skew).
+SCHEDULER_LIVE_LOOKBACK_S = env_float("SCHEDULER_LIVE_LOOKBACK_S", 5.0)
+# --- end of live dashboard settings -----------------------------------------------------------------

@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -16,8 +15,8 @@ router.register("terms", TermViewSet, basename="term")
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
 
 urlpatterns = [
-    # The live dashboard arrives with its own issue; until then the admin is the home page.
-    path("", RedirectView.as_view(url="/admin/", permanent=False), name="home"),
+    # The live dashboard (server-rendered pages fed by the /ws/dashboard/ WebSocket).
+    path("", include("scheduler_project.dashboard_urls")),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
     path("api/cluster/", ClusterStateView.as_view(), name="cluster-state"),

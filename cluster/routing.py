@@ -1,0 +1,9 @@
+"""WebSocket routes (served by daphne through scheduler_project.asgi)."""
+
+from django.urls import path
+
+from cluster.consumers import DashboardConsumer
+
+websocket_urlpatterns = [
+    path("ws/dashboard/", DashboardConsumer.as_asgi()),
+]

@@ -1,0 +1,146 @@
+"""Dashboard pages of the cluster: the node list, a node's detail, and the drain action.
+
+Thin like every view: read through selectors and models, write through ``cluster.services``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.views.decorators.http import require_POST
+
+from cluster import selectors, services
+from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from cluster.node import DEAD_AFTER_S, HEARTBEAT_INTERVAL_S
+from jobs.roles import OPERATOR, VIEWER
+from jobs.selectors import execution_list
+from jobs.services import ActionNotAllowed
+from jobs.views import (
+    decorate_executions,
+    node_pks,
+    page_context,
+    redirect_back,
+    role_required,
+    ui_actor,
+)
+
+# The cluster message of docs/live-protocol.md carries the newest 20 terms; the pages show the same.
+TIMELINE_TERMS = 20
+NODE_RECENT_EXECUTIONS = 25
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def node_payload(node: SchedulerNode) -> dict[str, Any]:
+    """A node as the live protocol's ``cluster`` message sends it."""
+    return {
+        "id": node.pk,
+        "node_id": node.node_id,
+        "hostname": node.hostname,
+        "pid": node.pid,
+        "status": node.status,
+        "last_heartbeat": _iso(node.last_heartbeat),
+        "capacity": node.capacity,
+        "running_count": node.running_count,
+        "queues": node.queues,
+        "drain_requested": node.drain_requested,
+        "started_at": _iso(node.started_at),
+    }
+
+
+def term_payload(term: LeadershipTerm) -> dict[str, Any]:
+    return {
+        "term": term.term,
+        "node_id": term.node_id,
+        "acquired_at": _iso(term.acquired_at),
+        "ended_at": _iso(term.ended_at),
+        "end_reason": term.end_reason,
+    }
+
+
+def cluster_payload() -> dict[str, Any]:
+    """The same shape as the live ``cluster`` message, so one script renders both."""
+    state = selectors.cluster_state()
+    return {
+        "leader": state["leader"],
+        "term": state["term"],
+        "leader_since": _iso(state["leader_since"]),
+        "nodes": [node_payload(node) for node in SchedulerNode.objects.order_by("node_id")],
+        "terms": [term_payload(t) for t in LeadershipTerm.objects.all()[:TIMELINE_TERMS]],
+    }
+
+
+def liveness_thresholds() -> dict[str, float]:
+    """Heartbeat ages (seconds) at which the page marks a node late, then presumed dead."""
+    return {"late_s": HEARTBEAT_INTERVAL_S * 4, "dead_s": DEAD_AFTER_S}
+
+
+@role_required(VIEWER)
+def node_list(request: HttpRequest) -> HttpResponse:
+    cluster = cluster_payload()
+    nodes = list(SchedulerNode.objects.order_by("node_id"))
+    return render(
+        request,
+        "nodes/list.html",
+        page_context(
+            request,
+            nodes=nodes,
+            cluster=cluster,
+            leader=cluster["leader"],
+            term=cluster["term"],
+            thresholds=liveness_thresholds(),
+            active=NodeStatus.ACTIVE,
+            nav="nodes",
+        ),
+    )
+
+
+@role_required(VIEWER)
+def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    node = get_object_or_404(SchedulerNode, pk=pk)
+    cluster = cluster_payload()
+    node_map = node_pks()
+    executions = decorate_executions(
+        execution_list(node=node.node_id).order_by("-id")[:NODE_RECENT_EXECUTIONS], node_map
+    )
+    terms = LeadershipTerm.objects.filter(node_id=node.node_id)[:TIMELINE_TERMS]
+    return render(
+        request,
+        "nodes/detail.html",
+        page_context(
+            request,
+            node=node,
+            node_data=node_payload(node),
+            is_leader=cluster["leader"] == node.node_id,
+            term=cluster["term"],
+            executions=executions,
+            node_map=node_map,
+            terms=terms,
+            thresholds=liveness_thresholds(),
+            active=NodeStatus.ACTIVE,
+            nav="nodes",
+        ),
+    )
+
+
+@role_required(OPERATOR)
+@require_POST
+def node_drain(request: HttpRequest, pk: int) -> HttpResponse:
+    node = get_object_or_404(SchedulerNode, pk=pk)
+    try:
+        node = services.node_request_drain(node_pk=node.pk, by=ui_actor(request))
+    except ActionNotAllowed as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(
+            request,
+            f"Drain requested for {node.node_id}: it stops claiming work, hands over leadership "
+            "and finishes what it runs.",
+        )
+    return redirect_back(request, f"/nodes/{node.pk}/")

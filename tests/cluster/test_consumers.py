@@ -1,0 +1,478 @@
+"""The dashboard WebSocket end to end: the real ASGI application (origin check, session auth, routing)
+against a real database, with changes committed the way nodes and the API commit them.
+
+pytest-asyncio is not used: each test body is a coroutine run by ``async_to_sync``; database work inside
+it goes through ``database_sync_to_async``, which runs it on the test's own thread and connection.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings as django_settings
+from django.contrib.sessions.models import Session
+from django.test import Client
+from django.utils import timezone
+
+from cluster import live
+from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from jobs.models import JobExecution
+from jobs.services import SYSTEM, job_create, job_delete, job_trigger, job_update
+from jobs.states import ExecutionStatus, transition
+from scheduler_project.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+S = ExecutionStatus
+INTERVAL = {"name": "poll", "task": "noop", "schedule_type": "interval", "interval_seconds": 3600}
+ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")
+db = database_sync_to_async
+
+
+@pytest.fixture(autouse=True)
+def fast_live(settings: Any) -> None:
+    settings.SCHEDULER_LIVE_POLL_S = 0.02
+    settings.SCHEDULER_LIVE_RECHECK_S = 0.2
+
+
+def session_headers(user: Any | None) -> list[tuple[bytes, bytes]]:
+    """Headers of a browser on the dashboard's own origin, logged in as ``user`` (None: anonymous)."""
+    if user is None:
+        return [ORIGIN, HOST]
+    client = Client()
+    client.force_login(user)
+    key = client.cookies[django_settings.SESSION_COOKIE_NAME].value
+    return [ORIGIN, (b"cookie", f"sessionid={key}".encode()), HOST]
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    async def main() -> None:
+        try:
+            await body()
+        finally:
+            await live.shutdown()
+
+    async_to_sync(main)()
+
+
+class Dashboard:
+    """One browser tab: a WebsocketCommunicator on /ws/dashboard/ that decodes the frames."""
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self.comm = WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
+
+    async def connect(self) -> tuple[bool, Any]:
+        return await self.comm.connect()
+
+    async def open(self) -> list[dict[str, Any]]:
+        """Connect and return the first three frames (hello, cluster, counts)."""
+        connected, _ = await self.connect()
+        assert connected
+        return [await self.next() for _ in range(3)]
+
+    async def next(self, timeout: float = 1.0) -> dict[str, Any]:
+        message = await self.comm.receive_output(timeout)
+        if message["type"] == "websocket.close":
+            return {"type": "<close>", "code": message.get("code")}
+        assert message["type"] == "websocket.send"
+        return json.loads(message["text"])
+
+    async def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 1.0
+    ) -> dict[str, Any]:
+        """The first frame within ``timeout`` that matches (earlier frames are skipped)."""
+        deadline = time.monotonic() + timeout
+        seen = []
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                message = await self.next(timeout=remaining)
+            except TimeoutError:
+                break
+            if predicate(message):
+                return message
+            seen.append(message["type"])
+        raise AssertionError(f"no matching frame within {timeout} s; got {seen}")
+
+    async def assert_none(self, predicate: Callable[[dict[str, Any]], bool], during: float) -> None:
+        """No matching frame for ``during`` seconds (without timing out the communicator, which
+        would cancel the application)."""
+        deadline = time.monotonic() + during
+        while time.monotonic() < deadline:
+            if await self.comm.receive_nothing(timeout=0.02):
+                continue
+            message = await self.next()
+            assert not predicate(message), message
+
+    async def close(self) -> None:
+        await self.comm.disconnect()
+
+
+def of_type(kind: str, test: Callable[[Any], bool] = lambda data: True) -> Callable:
+    return lambda message: message["type"] == kind and test(message.get("data"))
+
+
+def closed(message: dict[str, Any]) -> bool:
+    return message["type"] == "<close>"
+
+
+# --- who may connect ------------------------------------------------------------------------------
+
+
+def test_anonymous_is_closed_with_4401() -> None:
+    async def body() -> None:
+        tab = Dashboard(session_headers(None))
+        connected, _ = await tab.connect()
+        if connected:
+            assert await tab.next() == {"type": "<close>", "code": live.CLOSE_UNAUTHENTICATED}
+        await tab.close()
+        assert not live.is_running()
+
+    run(body)
+
+
+def test_foreign_origin_is_rejected(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("admin"))
+    foreign = [(b"origin", b"http://evil.example"), *[h for h in headers if h[0] != b"origin"]]
+
+    async def body() -> None:
+        for bad in (foreign, [h for h in headers if h[0] != b"origin"]):  # and no Origin at all
+            tab = Dashboard(bad)
+            connected, _ = await tab.connect()
+            assert not connected
+            await tab.close()
+
+    run(body)
+
+
+def test_user_without_role_is_closed_with_4403(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user(None))
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        assert (await tab.connect())[0]
+        assert await tab.next() == {"type": "<close>", "code": live.CLOSE_FORBIDDEN}
+        await tab.close()
+
+    run(body)
+
+
+def test_inactive_user_is_closed_with_4403(make_user: Callable[..., Any]) -> None:
+    user = make_user("admin")
+    headers = session_headers(user)
+    user.is_active = False
+    user.save()
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        assert (await tab.connect())[0]
+        assert await tab.next() == {"type": "<close>", "code": live.CLOSE_FORBIDDEN}
+        await tab.close()
+
+    run(body)
+
+
+def test_viewer_gets_hello_cluster_and_counts(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("viewer", "vera"))
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        hello, cluster, counts = await tab.open()
+        assert hello["type"] == "hello"
+        assert hello["data"]["user"] == "vera"
+        assert hello["data"]["role"] == "viewer"
+        assert hello["data"]["server_time"]
+        assert abs(hello["ts"] - time.time()) < 5
+        assert cluster["type"] == "cluster"
+        assert cluster["data"] == {
+            "leader": None,
+            "term": None,
+            "leader_since": None,
+            "nodes": [],
+            "terms": [],
+        }
+        assert counts == {
+            "type": "counts",
+            "data": {"running": 0, "queued": 0, "late": 0, "failed_last_hour": 0},
+            "ts": counts["ts"],
+        }
+        assert live.is_running()
+        await tab.close()
+        assert not live.is_running()
+
+    run(body)
+
+
+def test_ping_gets_pong(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("viewer"))
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await tab.comm.send_json_to({"ping": 42})
+        pong = await tab.wait_for(of_type("pong"))
+        assert pong["data"] == 42
+        await tab.comm.send_to(text_data="not json")  # ignored, the socket stays open
+        await tab.comm.send_json_to({"ping": "again"})
+        assert (await tab.wait_for(of_type("pong")))["data"] == "again"
+        await tab.close()
+
+    run(body)
+
+
+# --- what changes in the database arrives ---------------------------------------------------------
+
+
+def test_execution_status_change_arrives_within_a_second(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("viewer"))
+    job = job_create(data=INTERVAL, by=SYSTEM)
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        execution = await db(job_trigger)(job_id=job.pk, by=SYSTEM)
+        created = await tab.wait_for(
+            of_type("executions", lambda rows: any(r["id"] == execution.pk for r in rows))
+        )
+        row = next(r for r in created["data"] if r["id"] == execution.pk)
+        assert row["status"] == S.PENDING
+        assert row["job"] == job.pk
+        assert row["job_name"] == "poll"
+        assert not {"output", "error", "traceback", "result"} & row.keys()
+
+        moved = await db(transition)(
+            execution.pk, source=S.PENDING, target=S.RUNNING, node="n1", started_at=timezone.now()
+        )
+        assert moved
+        committed = time.monotonic()
+        running = await tab.wait_for(
+            of_type(
+                "executions",
+                lambda rows: any(
+                    r["id"] == execution.pk and r["status"] == S.RUNNING for r in rows
+                ),
+            )
+        )
+        assert time.monotonic() - committed < 1.0
+        row = next(r for r in running["data"] if r["id"] == execution.pk)
+        assert row["node"] == "n1"
+        assert row["lag_ms"] is not None
+        counts = await tab.wait_for(of_type("counts", lambda data: data["running"] == 1))
+        assert counts["data"]["queued"] == 0
+        await tab.close()
+
+    run(body)
+
+
+def test_job_edit_and_deletion_arrive(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("viewer"))
+    job = job_create(data=INTERVAL, by=SYSTEM)
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await db(job_update)(
+            job_id=job.pk, expected_version=1, changes={"interval_seconds": 60}, by=SYSTEM
+        )
+        edited = await tab.wait_for(
+            of_type("jobs", lambda rows: any(r["id"] == job.pk and r["version"] == 2 for r in rows))
+        )
+        row = next(r for r in edited["data"] if r["id"] == job.pk)
+        assert row["name"] == "poll"
+        assert row["schedule_description"]
+        assert row["next_fire_at"]
+
+        await db(job_delete)(job_id=job.pk, by=SYSTEM)
+        deleted = await tab.wait_for(of_type("jobs_deleted"))
+        assert deleted["data"] == [job.pk]
+        await tab.close()
+
+    run(body)
+
+
+def test_new_leader_term_arrives_as_cluster(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("viewer"))
+
+    def elect() -> None:
+        now = timezone.now()
+        SchedulerNode.objects.create(
+            node_id="node-a", hostname="h", pid=1, started_at=now, last_heartbeat=now
+        )
+        LeadershipTerm.objects.create(term=7, node_id="node-a", acquired_at=now)
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await db(elect)()
+        cluster = await tab.wait_for(of_type("cluster", lambda data: data["term"] == 7))
+        assert cluster["data"]["leader"] == "node-a"
+        assert cluster["data"]["leader_since"]
+        assert [n["node_id"] for n in cluster["data"]["nodes"]] == ["node-a"]
+        assert cluster["data"]["nodes"][0]["status"] == NodeStatus.ACTIVE
+        assert cluster["data"]["terms"][0]["term"] == 7
+
+        await db(lambda: SchedulerNode.objects.update(status=NodeStatus.DRAINING))()
+        cluster = await tab.wait_for(of_type("cluster"))
+        assert cluster["data"]["nodes"][0]["status"] == NodeStatus.DRAINING
+        await tab.close()
+
+    run(body)
+
+
+def test_subscribed_execution_streams_its_output(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("operator"))
+    job = job_create(data=INTERVAL, by=SYSTEM)
+    execution = job_trigger(job_id=job.pk, by=SYSTEM)
+    other = job_trigger(job_id=job.pk, by=SYSTEM)
+
+    def finish() -> None:
+        transition(execution.pk, source=S.PENDING, target=S.RUNNING, started_at=timezone.now())
+        transition(execution.pk, source=S.RUNNING, target=S.SUCCEEDED, output="line 1\nline 2\n")
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await tab.comm.send_json_to({"subscribe_execution": execution.pk})
+        first = await tab.wait_for(of_type("execution_output"))
+        assert first["data"] == {
+            "id": execution.pk,
+            "status": S.PENDING,
+            "output": "",
+            "error": "",
+            "traceback": "",
+        }
+        await db(finish)()
+        done = await tab.wait_for(
+            of_type("execution_output", lambda data: data["status"] == S.SUCCEEDED)
+        )
+        assert done["data"]["output"] == "line 1\nline 2\n"
+
+        # Only subscribed executions stream; after unsubscribing, nothing more.
+        await tab.comm.send_json_to({"unsubscribe_execution": execution.pk})
+        await tab.comm.send_json_to({"ping": 1})
+        await tab.wait_for(of_type("pong"))
+        await db(lambda: JobExecution.objects.filter(pk=execution.pk).update(output="x"))()
+        await db(lambda: JobExecution.objects.filter(pk=other.pk).update(output="y"))()
+        await tab.assert_none(of_type("execution_output"), during=0.5)
+        await tab.close()
+
+    run(body)
+
+
+def test_two_tabs_get_the_same_changes(make_user: Callable[..., Any]) -> None:
+    viewer = session_headers(make_user("viewer"))
+    admin = session_headers(make_user("admin"))
+    job = job_create(data=INTERVAL, by=SYSTEM)
+
+    async def body() -> None:
+        tabs = [Dashboard(viewer), Dashboard(admin)]
+        for tab in tabs:
+            await tab.open()
+        execution = await db(job_trigger)(job_id=job.pk, by=SYSTEM)
+        for tab in tabs:
+            await tab.wait_for(
+                of_type("executions", lambda rows: any(r["id"] == execution.pk for r in rows))
+            )
+        await tabs[0].close()
+        assert live.is_running()  # the other tab still needs it
+        await tabs[1].close()
+        assert not live.is_running()
+
+    run(body)
+
+
+def test_a_tab_opened_after_a_change_catches_up(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("viewer"))
+    job = job_create(data=INTERVAL, by=SYSTEM)
+    execution = job_trigger(job_id=job.pk, by=SYSTEM)  # between "page render" and socket open
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await tab.wait_for(
+            of_type("executions", lambda rows: any(r["id"] == execution.pk for r in rows))
+        )
+        await tab.close()
+
+    run(body)
+
+
+# --- access that ends while connected -------------------------------------------------------------
+
+
+def test_deactivated_user_is_disconnected_with_4403(make_user: Callable[..., Any]) -> None:
+    user = make_user("viewer")
+    headers = session_headers(user)
+
+    def deactivate() -> None:
+        user.is_active = False
+        user.save(update_fields=["is_active"])
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await db(deactivate)()
+        started = time.monotonic()
+        close = await tab.wait_for(closed, timeout=3.0)
+        assert close["code"] == live.CLOSE_FORBIDDEN
+        assert time.monotonic() - started < 3.0
+        await tab.close()
+        assert not live.is_running()
+
+    run(body)
+
+
+def test_role_removed_while_connected_disconnects_with_4403(make_user: Callable[..., Any]) -> None:
+    user = make_user("operator")
+    headers = session_headers(user)
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await db(user.groups.clear)()
+        assert (await tab.wait_for(closed, timeout=3.0))["code"] == live.CLOSE_FORBIDDEN
+        await tab.close()
+
+    run(body)
+
+
+def test_logged_out_session_is_disconnected_with_4401(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("admin"))
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await db(lambda: Session.objects.all().delete())()
+        assert (await tab.wait_for(closed, timeout=3.0))["code"] == live.CLOSE_UNAUTHENTICATED
+        await tab.close()
+
+    run(body)
+
+
+def test_late_execution_is_counted(make_user: Callable[..., Any]) -> None:
+    headers = session_headers(make_user("viewer"))
+    job = job_create(data=INTERVAL, by=SYSTEM)
+
+    def make_late() -> None:
+        execution = job_trigger(job_id=job.pk, by=SYSTEM)
+        JobExecution.objects.filter(pk=execution.pk).update(
+            run_after=timezone.now() - timedelta(seconds=live.LATE_AFTER_S + 1)
+        )
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await db(make_late)()
+        counts = await tab.wait_for(of_type("counts", lambda data: data["late"] == 1))
+        assert counts["data"]["queued"] == 1
+        await tab.close()
+
+    run(body)
