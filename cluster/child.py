@@ -22,7 +22,7 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
         execution_id=meta["execution_id"],
         job_name=meta["job_name"],
         attempt=meta["attempt"],
-        scheduled_for=None,
+        scheduled_for=meta.get("scheduled_for"),
         cancel_event=threading.Event(),
     )
     try:

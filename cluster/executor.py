@@ -66,6 +66,8 @@ FINISH_BATCH = 200
 FINISH_WRITE_ATTEMPTS = 5
 REASON_FORBID = "forbid: previous run still active"
 REASON_MISFIRE_STALE = "misfire: not started within the grace period ({grace} s)"
+REASON_LOCK_WAIT = "misfire: waited for the job lock past the grace period ({grace} s)"
+HAND_BACK = "hand back"
 REASON_TIMEOUT = "exceeded timeout of {seconds} s"
 REASON_LOCK_LOST = "job lock lost while running"
 REASON_CANCELLED = "cancelled"
@@ -556,6 +558,14 @@ class Executor:
             self._start_fast(fast)
 
     def _start_fast(self, fast: list[tuple[_Scheduled, LockWatchdog | None]]) -> None:
+        if not self.claiming:
+            # Draining: nothing new starts; the batch goes back to the queue for another node.
+            for item, lock in fast:
+                if lock is not None:
+                    self._release_lock(lock)
+                unclaim(item.execution)
+                self._forget(item.execution.pk)
+            return
         by_due: dict[float, list[tuple[_Scheduled, LockWatchdog | None]]] = {}
         for item, lock in fast:
             by_due.setdefault(item.due, []).append((item, lock))
@@ -624,8 +634,11 @@ class Executor:
                 self._defer(execution, exc)
                 self._forget(execution.pk)
                 return
-            if lock is None:
-                self._skip(execution, REASON_FORBID)
+            if isinstance(lock, str):
+                if lock == HAND_BACK:
+                    unclaim(execution)
+                else:
+                    self._skip(execution, lock)
                 self._forget(execution.pk)
                 return
         elif job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and self._forbid_blocked(
@@ -643,6 +656,13 @@ class Executor:
             self._forget(execution.pk)
             return
         wait_until(due)
+        if not self.claiming:
+            # Draining: a run that has not started goes back to the queue for another node.
+            if lock is not None:
+                self._release_lock(lock)
+            unclaim(execution)
+            self._forget(execution.pk)
+            return
         planned_start = datetime.fromtimestamp(max(due, time.time()), tz=UTC)
         if not transition(
             execution.pk,
@@ -701,24 +721,45 @@ class Executor:
             .first()
         )
 
+    def _older_run_waiting(self, execution: JobExecution) -> bool:
+        """An earlier fire of the same job is due and not started: it goes first (catch-up runs
+        keep their order instead of the newest overtaking them)."""
+        return (
+            JobExecution.objects.filter(
+                job_id=execution.job_id,
+                status=S.PENDING,
+                scheduled_for__lt=execution.scheduled_for,
+                run_after__lte=timezone.now(),
+            )
+            .exclude(pk=execution.pk)
+            .exists()
+        )
+
     def _forbid_blocked(self, execution: JobExecution) -> bool:
         return self._blocking_start(execution) is not None
 
-    def _acquire_forbid_lock(self, execution: JobExecution, due: float) -> LockWatchdog | None:
-        """The job lock for a ``forbid`` run, or None when the run must be skipped.
+    def _acquire_forbid_lock(self, execution: JobExecution, due: float) -> LockWatchdog | str:
+        """The job lock for a ``forbid`` run, or why it does not start: a skip reason, or
+        HAND_BACK when the node is draining (the run goes back to the queue, not skipped).
 
         forbid skips a run when the previous run was already running at the instant this one
         became due. A previous run that started *after* that instant (both were late, e.g. catching
         up after a failover) is waited for instead: the runs go one after the other. A lock held
         while no run is visible belongs to a run about to start, or to a node that died before
         starting it (the lock expires within JOB_LOCK_TTL_MS). Waiting ends at the job's misfire
-        grace. Raises CoordinationError when the lock service cannot answer.
+        grace, counted from when the run became runnable (a catch-up run is created late).
+        Raises CoordinationError when the lock service cannot answer.
         """
-        give_up = due + max(execution.job.misfire_grace_seconds, 1)
+        runnable_since = max(due, execution.created_at.timestamp())
+        give_up = runnable_since + max(execution.job.misfire_grace_seconds, 1)
         while True:
             taken = self._take_job_lock(execution)
             blocker_started = self._blocking_start(execution)
-            if blocker_started is None and isinstance(taken, LockWatchdog):
+            if (
+                blocker_started is None
+                and isinstance(taken, LockWatchdog)
+                and not self._older_run_waiting(execution)
+            ):
                 return taken
             if isinstance(taken, LockWatchdog):
                 self._release_lock(taken)
@@ -729,9 +770,11 @@ class Executor:
                 and blocker_started is not None
                 and blocker_started <= due_instant(execution)
             ):
-                return None
-            if now > give_up or not self.claiming:
-                return None
+                return REASON_FORBID
+            if not self.claiming:
+                return HAND_BACK
+            if now > give_up:
+                return REASON_LOCK_WAIT.format(grace=execution.job.misfire_grace_seconds)
             time.sleep(
                 max(0.001, min(LOCK_WAIT_POLL_S, due - now)) if now < due else LOCK_WAIT_POLL_S
             )
@@ -812,7 +855,12 @@ class Executor:
         execution, job = run.execution, run.execution.job
         ctx = multiprocessing.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe(duplex=False)
-        meta = {"execution_id": execution.pk, "job_name": job.name, "attempt": execution.attempt}
+        meta = {
+            "execution_id": execution.pk,
+            "job_name": job.name,
+            "attempt": execution.attempt,
+            "scheduled_for": execution.scheduled_for,
+        }
         process = ctx.Process(
             target=run_task,
             args=(job.task, list(job.args), dict(job.kwargs), meta, child_conn),
@@ -1017,12 +1065,17 @@ class Executor:
         """Wait until nothing runs and every outcome is written."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            with self._lock:
-                if not self._active and self._unwritten == 0:
-                    return True
+            if self._idle():
+                return True
             time.sleep(0.05)
+        return self._idle()
+
+    def _idle(self) -> bool:
+        """Nothing running, nothing being prepared, every outcome written."""
         with self._lock:
-            return not self._active and self._unwritten == 0
+            in_heap = {item.execution.pk for item in self._timer_heap}
+            preparing = self._claimed - in_heap
+            return not self._active and self._unwritten == 0 and not preparing
 
     def hand_back_running(self) -> int:
         """After the drain grace period: stop what still runs and record it as lost (retried)."""

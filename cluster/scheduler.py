@@ -55,6 +55,7 @@ REASON_MISFIRE_BEYOND_BOUND = "misfire: beyond run_all_max (run_all)"
 REASON_BUFFER_FULL = "buffer_one: a run is already waiting"
 REASON_REPLACED = "replaced by a newer fire (replace)"
 REASON_NODE_DIED = "node {node} stopped heartbeating"
+REASON_NODE_STOPPED = "node {node} stopped without finishing the run"
 REASON_STUCK = "running past its timeout plus the dead threshold"
 
 
@@ -309,11 +310,20 @@ def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapR
     stuck_candidates = JobExecution.objects.filter(
         status=ExecutionStatus.RUNNING, job__timeout_seconds__isnull=False
     )
+    # A node that stopped (drained) must have left nothing behind; if it did (a crash at the very
+    # end of a drain), its leftovers are treated like a dead node's.
+    stopped_nodes = SchedulerNode.objects.filter(status=NodeStatus.STOPPED).values("node_id")
+    orphans = JobExecution.objects.filter(
+        status__in=[ExecutionStatus.RUNNING, ExecutionStatus.PENDING],
+        claim_token__isnull=False,
+        node__in=stopped_nodes,
+    )
     if not (
         SchedulerNode.objects.filter(
             status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff
         ).exists()
         or stuck_candidates.exists()
+        or orphans.exists()
     ):
         return result
     with fenced_transaction(term):
@@ -322,6 +332,7 @@ def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapR
                 status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff
             ).values_list("node_id", flat=True)
         )
+        stopped_with_work = list(orphans.values_list("node", flat=True).distinct())
         if dead:
             SchedulerNode.objects.filter(node_id__in=dead, last_heartbeat__lt=cutoff).update(
                 status=NodeStatus.DEAD, running_count=0
@@ -332,21 +343,24 @@ def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapR
             LeadershipTerm.objects.filter(
                 node_id__in=dead, end_reason=TermEndReason.LEASE_LOST, ended_at__gte=cutoff
             ).update(end_reason=TermEndReason.NODE_DIED)
+        gone = [*dead, *stopped_with_work]
+        if gone:
             running = list(
                 JobExecution.objects.select_related("job").filter(
-                    node__in=dead, status=ExecutionStatus.RUNNING
+                    node__in=gone, status=ExecutionStatus.RUNNING
                 )
             )
             for execution in running:
+                reason = REASON_NODE_DIED if execution.node in dead else REASON_NODE_STOPPED
                 if end_running(
                     execution,
                     status=ExecutionStatus.LOST,
-                    reason=REASON_NODE_DIED.format(node=execution.node),
+                    reason=reason.format(node=execution.node),
                     now=now,
                 ):
                     result.lost += 1
             result.unclaimed = JobExecution.objects.filter(
-                node__in=dead, status=ExecutionStatus.PENDING
+                node__in=gone, status=ExecutionStatus.PENDING
             ).update(claim_token=None, node="", claimed_at=None)
         stuck = list(
             JobExecution.objects.select_related("job").filter(

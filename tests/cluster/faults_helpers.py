@@ -4,7 +4,6 @@ failure diagnosis, and process inspection through /proc."""
 from __future__ import annotations
 
 import os
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -97,9 +96,3 @@ def spawned_task_children(parent_pid: int) -> set[int]:
         if ppid == parent_pid and b"spawn_main" in cmdline:
             found.add(int(entry))
     return found
-
-
-def sleep_until_phase(phase: float) -> None:
-    """Sleep until the fractional part of the wall clock is ``phase`` (0 <= phase < 1)."""
-    now = time.time()
-    time.sleep((phase - now % 1) % 1)
