@@ -60,6 +60,7 @@ LOCK_UNAVAILABLE_RETRY_S = 1.0
 # How often a buffer_one run waiting for the running one looks again.
 BUFFER_RECHECK_S = 0.5
 SUPERVISE_INTERVAL_S = 0.05
+CANCEL_GRACE_S = 2.0
 PROCESS_REAP_S = 2.0
 # Outcomes written in one transaction at most; one commit for many runs.
 FINISH_BATCH = 200
@@ -349,9 +350,10 @@ class ActiveRun:
     process: Any = None
     context: registry.TaskContext | None = None
     outcome_reason: str = ""
-    completed: bool = (
-        False  # an outcome was queued: later ones (a late body, a timeout) are dropped
-    )
+    # After a cancel request, a thread-mode task has until then to return (its output is kept).
+    cancel_deadline: float | None = None
+    # An outcome was queued: later ones (a late body, a timeout) are dropped.
+    completed: bool = False
 
 
 @dataclass
@@ -833,10 +835,12 @@ class Executor:
             )
         else:
             if run.cancel_event.is_set() and run.outcome_reason:
+                # Cancelled, with what the task wrote and returned while stopping.
                 self._complete(
                     _Outcome(
                         run,
                         S.CANCELLED,
+                        result=value,
                         output=context.output,
                         reason=run.outcome_reason,
                         started=started,
@@ -942,8 +946,12 @@ class Executor:
                     self._complete(
                         _Outcome(run, S.TIMED_OUT, error=reason, output=output, reason=reason)
                     )
-                elif run.cancel_event.is_set() and run.outcome_reason:
-                    # A thread-mode task may notice the event and stop; the run is over either way.
+                elif (
+                    run.cancel_event.is_set()
+                    and run.outcome_reason
+                    and (run.cancel_deadline is None or now > run.cancel_deadline)
+                ):
+                    # The task did not return within its grace: the run is over all the same.
                     self._complete(
                         _Outcome(run, S.CANCELLED, output=output, reason=run.outcome_reason)
                     )
@@ -1055,10 +1063,14 @@ class Executor:
             if run is not None and not run.cancel_event.is_set():
                 run.outcome_reason = reason or REASON_CANCELLED
                 run.cancel_event.set()
-                # Recorded as cancelled first, then a child process is killed (in _complete), so
-                # the child's death is not mistaken for a failure.
-                output = run.context.output if run.context else ""
-                self._complete(_Outcome(run, S.CANCELLED, output=output, reason=run.outcome_reason))
+                if run.execution.job.isolation == Isolation.PROCESS:
+                    # Recorded as cancelled first, then the child is killed (in _complete), so its
+                    # death is not mistaken for a failure.
+                    self._complete(_Outcome(run, S.CANCELLED, reason=run.outcome_reason))
+                else:
+                    # A task in a thread sees the event and returns with what it has done; the
+                    # supervisor records the cancel without it after CANCEL_GRACE_S.
+                    run.cancel_deadline = time.monotonic() + CANCEL_GRACE_S
         return len(wanted)
 
     def wait_idle(self, timeout_s: float) -> bool:
