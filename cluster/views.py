@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
-from cluster import selectors, services
+from cluster import live, services
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
 from cluster.node import DEAD_AFTER_S, HEARTBEAT_INTERVAL_S
 from jobs.roles import OPERATOR, VIEWER
@@ -54,26 +54,9 @@ def node_payload(node: SchedulerNode) -> dict[str, Any]:
     }
 
 
-def term_payload(term: LeadershipTerm) -> dict[str, Any]:
-    return {
-        "term": term.term,
-        "node_id": term.node_id,
-        "acquired_at": _iso(term.acquired_at),
-        "ended_at": _iso(term.ended_at),
-        "end_reason": term.end_reason,
-    }
-
-
 def cluster_payload() -> dict[str, Any]:
-    """The same shape as the live ``cluster`` message, so one script renders both."""
-    state = selectors.cluster_state()
-    return {
-        "leader": state["leader"],
-        "term": state["term"],
-        "leader_since": _iso(state["leader_since"]),
-        "nodes": [node_payload(node) for node in SchedulerNode.objects.order_by("node_id")],
-        "terms": [term_payload(t) for t in LeadershipTerm.objects.all()[:TIMELINE_TERMS]],
-    }
+    """The live ``cluster`` message itself, so the page renders first what the socket sends next."""
+    return live.cluster_payload()
 
 
 def liveness_thresholds() -> dict[str, float]:

@@ -187,18 +187,10 @@ def _schedule_description(job: Job) -> str:
 
 
 def dashboard_counts(*, now: datetime) -> dict[str, int]:
-    """The overview counters, defined as the live ``counts`` message defines them."""
-    executions = JobExecution.objects
-    return {
-        "running": executions.filter(status=S.RUNNING).count(),
-        "queued": executions.filter(status=S.PENDING).count(),
-        "late": executions.filter(
-            status=S.PENDING, run_after__lt=now - timedelta(seconds=LATE_AFTER_S)
-        ).count(),
-        "failed_last_hour": executions.filter(
-            status__in=FAILED_STATUSES, finished_at__gte=now - timedelta(hours=1)
-        ).count(),
-    }
+    """The overview counters: the live ``counts`` message itself."""
+    from cluster.live import counts_payload
+
+    return counts_payload(now=now)
 
 
 def _epoch_ms(value: datetime) -> int:
