@@ -6,14 +6,16 @@ logger = logging.getLogger(__name__)
 
 
 def _limit_idle_write_transactions(sender, connection, **kwargs) -> None:
-    """MariaDB only (MySQL has no such variable): see SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S."""
+    """MariaDB only (MySQL has no such variable): see SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S."""
     from django.conf import settings
 
-    timeout = settings.SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S
+    timeout = settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S
     if connection.vendor != "mysql" or not timeout or not connection.mysql_is_mariadb:
         return
     with connection.cursor() as cursor:
-        cursor.execute("SET SESSION idle_write_transaction_timeout = %s", [int(timeout)])
+        # idle_transaction_timeout, not idle_write_transaction_timeout: a transaction that has only
+        # taken row locks (SELECT ... FOR UPDATE) does not count as a write one, yet blocks others.
+        cursor.execute("SET SESSION idle_transaction_timeout = %s", [int(timeout)])
 
 
 class ClusterConfig(AppConfig):

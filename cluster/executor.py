@@ -53,6 +53,8 @@ S = ExecutionStatus
 PREPARE_AHEAD_S = 0.25
 # Event.wait may overshoot by a millisecond or so: sleep to this close to the instant, then spin.
 SPIN_S = 0.0015
+# A gated task also starts by itself this long after its instant if the gate never opens.
+GATE_SLACK_S = 0.05
 # The watchdog extends it every ttl/3 while the run lasts; a dead node's lock frees within this.
 JOB_LOCK_TTL_MS = 3_000
 LOCK_WAIT_POLL_S = 0.1
@@ -103,6 +105,18 @@ def _stale(execution: JobExecution, now: float) -> bool:
         return False
     runnable_since = max(execution.run_after, execution.created_at).timestamp()
     return now - runnable_since > execution.job.misfire_grace_seconds
+
+
+def _open_gate(instant: float, gate: threading.Event) -> None:
+    wait_until(instant)
+    gate.set()
+
+
+def _wait_for_start(run: ActiveRun) -> None:
+    if run.gate is not None:
+        run.gate.wait(max(0.0, run.due - time.time()) + GATE_SLACK_S)
+    else:
+        wait_until(run.due)
 
 
 # --- storage operations (each one conditional, each one small) -------------------------------------
@@ -350,6 +364,8 @@ class ActiveRun:
     process: Any = None
     context: registry.TaskContext | None = None
     outcome_reason: str = ""
+    # Opened at the due instant (shared by the runs due together); None: wait for ``due`` alone.
+    gate: threading.Event | None = None
     # After a cancel request, a thread-mode task has until then to return (its output is kept).
     cancel_deadline: float | None = None
     # An outcome was queued: later ones (a late body, a timeout) are dropped.
@@ -589,6 +605,10 @@ class Executor:
                     pk__in=ids, status=S.RUNNING, claim_token__in=tokens
                 ).values_list("pk", flat=True)
             )
+        # One gate per due instant: a single thread waits for the instant and opens it, and every
+        # task due then is released together (many threads spinning on the clock would fight
+        # over the GIL and delay each other).
+        gates: dict[float, threading.Event] = {}
         for item, lock in fast:
             execution = item.execution
             if execution.pk not in won:
@@ -599,6 +619,12 @@ class Executor:
                 continue
             execution.started_at = datetime.fromtimestamp(max(item.due, time.time()), tz=UTC)
             run = ActiveRun(execution=execution, due=item.due, lock=lock)
+            if item.due not in gates:
+                gates[item.due] = threading.Event()
+                threading.Thread(
+                    target=_open_gate, args=(item.due, gates[item.due]), daemon=True
+                ).start()
+            run.gate = gates[item.due]
             self._activate(run)
             target = (
                 self._body_in_process
@@ -814,7 +840,7 @@ class Executor:
         context = self._context(run)
         run.context = context
         stdout = _install_output_capture()
-        wait_until(run.due)
+        _wait_for_start(run)
         if job.timeout_seconds:
             run.deadline = time.monotonic() + job.timeout_seconds
         stdout.local.context = context
@@ -870,7 +896,7 @@ class Executor:
             args=(job.task, list(job.args), dict(job.kwargs), meta, child_conn),
             daemon=True,
         )
-        wait_until(run.due)
+        _wait_for_start(run)
         started = time.time()
         if job.timeout_seconds:
             run.deadline = time.monotonic() + job.timeout_seconds

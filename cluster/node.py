@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -48,6 +49,7 @@ CLAIM_POLL_S = 0.1
 # changes wake it at once; on the database backend this bound is how fast it notices an edit.
 LEADER_MAX_SLEEP_S = 0.25
 REAP_INTERVAL_S = 1.0
+LEADER_TICK_EARLY_S = 0.4
 DEFAULT_GRACE_S = 30.0
 LOOP_ERROR_BACKOFF_S = 0.5
 
@@ -100,6 +102,8 @@ class NodeRunner:
         self.draining = False
         self._leading = threading.Event()
         self._term: int | None = None
+        self._term_events: queue.Queue[tuple[str, Lease, str]] = queue.Queue()
+        self._term_events_lock = threading.Lock()
         self._wake_leader = threading.Event()
         self._wake_claim = threading.Event()
         self._last_reap = 0.0
@@ -192,8 +196,35 @@ class NodeRunner:
     def term(self) -> int | None:
         return self._term
 
+    # The elector's callbacks only queue what happened: the database work of a new term (raising
+    # the fence, recording the term) runs in the leader loop, so a slow or blocked database never
+    # stops the election thread from renewing the lease.
     def _started_leading(self, lease: Lease) -> None:
+        self._term_events.put(("start", lease, ""))
+        self._wake_leader.set()
+
+    def _stopped_leading(self, lease: Lease, reason: str) -> None:
+        self._leading.clear()
+        self._term_events.put(("stop", lease, reason))
+        self._wake_leader.set()
+
+    def _apply_term_events(self) -> None:
+        with self._term_events_lock:
+            while True:
+                try:
+                    kind, lease, reason = self._term_events.get_nowait()
+                except queue.Empty:
+                    return
+                if kind == "start":
+                    self._record_new_term(lease)
+                else:
+                    self._record_term_end(lease, reason)
+
+    def _record_new_term(self, lease: Lease) -> None:
         extra = {**self._log_extra, "term": lease.term}
+        current = self.elector.lease
+        if current is None or current.term != lease.term:
+            return  # already lost again before it could be recorded
         try:
             if not fence_raise(lease.term):
                 # Storage has seen a newer term than the backend minted (Redis restarted without
@@ -227,17 +258,14 @@ class NodeRunner:
                 )
         except Exception:
             logger.exception("could not record term %s; stepping down", lease.term, extra=extra)
+            close_old_connections()
             self.elector.release()
             return
-        finally:
-            close_old_connections()
         self._term = lease.term
         self._leading.set()
-        self._wake_leader.set()
         logger.info("started leading (term %s)", lease.term, extra=extra)
 
-    def _stopped_leading(self, lease: Lease, reason: str) -> None:
-        self._leading.clear()
+    def _record_term_end(self, lease: Lease, reason: str) -> None:
         extra = {**self._log_extra, "term": lease.term}
         logger.info("stopped leading (term %s): %s", lease.term, reason, extra=extra)
         end_reason = (
@@ -249,18 +277,20 @@ class NodeRunner:
             )
         except Exception:
             logger.exception("could not close term %s", lease.term, extra=extra)
-        finally:
             close_old_connections()
 
     def leader_once(self) -> float:
         """One pass of the leader's work; returns seconds until the next is due."""
+        self._apply_term_events()
         term = self._term
         if not self.is_leader or term is None:
             return LEADER_MAX_SLEEP_S
         now = timezone.now()
         try:
             result = scheduler.scheduler_tick(
-                term=term, now=now, lookahead=timedelta(seconds=self.config.lookahead_s)
+                term=term,
+                now=now,
+                lookahead=timedelta(seconds=self.config.lookahead_s + LEADER_TICK_EARLY_S),
             )
             if time.monotonic() - self._last_reap >= REAP_INTERVAL_S:
                 self._last_reap = time.monotonic()
@@ -289,7 +319,13 @@ class NodeRunner:
         earliest = scheduler.earliest_next_fire()
         if earliest is None:
             return LEADER_MAX_SLEEP_S
-        until_due = (earliest - timezone.now()).total_seconds() - self.config.lookahead_s
+        # Tick a little before the look-ahead horizon reaches the next fire: far from the instants
+        # at which this node's own tasks start (a 1 s job's fires are all on whole seconds).
+        until_due = (
+            (earliest - timezone.now()).total_seconds()
+            - self.config.lookahead_s
+            - LEADER_TICK_EARLY_S
+        )
         return max(0.0, min(LEADER_MAX_SLEEP_S, until_due))
 
     # --- wake-ups through Redis ------------------------------------------------------------------------
@@ -366,6 +402,7 @@ class NodeRunner:
             self.elector.release()
         except Exception:
             logger.exception("lease release failed (it will expire)", extra=extra)
+        self._apply_term_events()  # the term row says "stepped down" before the process exits
         released = self.executor.release_unstarted()
         finished = self.executor.wait_idle(self.config.grace_s)
         handed_back = 0 if finished else self.executor.hand_back_running()

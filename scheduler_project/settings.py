@@ -269,9 +269,7 @@ LOGGING = {
 # On MariaDB, a client frozen inside a write transaction (SIGSTOP, a paused VM) would hold its row
 # locks until it resumes. The server kills such a connection after this many idle seconds, rolling
 # its transaction back (see cluster.apps). 0 disables it.
-SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S = env_int(
-    "SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S", 5
-)
+SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S", 5)
 
 # --- Live dashboard (cluster.live, docs/live-protocol.md) -----------------------------------------
 # Read by cluster.live when the first dashboard connects (tests override them with settings).

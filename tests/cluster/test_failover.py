@@ -160,8 +160,8 @@ def test_sigterm_leader_hands_over_at_once_and_exits_zero(cluster, tmp_path):
 @pytest.mark.skipif(
     "sqlite" in __import__("django.conf").conf.settings.DATABASES["default"]["ENGINE"],
     reason="SQLite has one database-wide write lock: a process frozen mid-write blocks every other "
-    "writer until it resumes. Production runs MariaDB, which kills a connection idle inside a write "
-    "transaction (SCHEDULER_IDLE_WRITE_TRANSACTION_TIMEOUT_S); CI runs this test there. The fencing "
+    "writer until it resumes. Production runs MariaDB, which kills a connection idle inside a "
+    "transaction (SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S); CI runs this test there. The fencing "
     "itself is unit-tested on SQLite in test_scheduler.py.",
 )
 def test_sigstopped_leader_is_fenced_when_it_resumes(cluster, tmp_path):
