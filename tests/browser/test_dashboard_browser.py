@@ -8,6 +8,7 @@ survives, and no main-frame navigation happens), and the browser logged no error
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import signal
 from datetime import datetime, timedelta
@@ -33,7 +34,9 @@ from tests.cluster.harness import current_leader, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+# The README's screenshots are refreshed with UPDATE_SCREENSHOTS=1; otherwise they go to a
+# temporary folder, so a test run leaves the work tree as it was.
+README_SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 LIVE_TIMEOUT_MS = 20_000
 EVERY_TWO_SECONDS = re.compile(r"\b2 seconds\b", re.I)
 # Rows of a live execution table (the list, the job's history or the overview's latest runs).
@@ -433,7 +436,7 @@ def test_viewer_sees_no_actions_and_a_forged_post_is_refused(
 
 
 def test_screenshots_of_overview_jobs_and_an_execution(
-    page: Page, console: ConsoleLog, make_user, cluster: BrowserCluster
+    page: Page, console: ConsoleLog, make_user, cluster: BrowserCluster, tmp_path: Path
 ):
     cluster.start_nodes(3)
     make_job(
@@ -461,21 +464,22 @@ def test_screenshots_of_overview_jobs_and_an_execution(
     expect(page.locator("#chart-throughput .chart__loading")).to_have_count(0)
     page.wait_for_timeout(700)  # the charts redraw at most twice a second
     watcher.assert_kept()
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / "overview.png", animations="disabled")
+    shots = README_SCREENSHOTS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=shots / "overview.png", animations="disabled")
 
     open_page(page, "/jobs/")
     expect(page.locator("#job-table tbody tr")).to_have_count(4)
-    page.screenshot(path=SCREENSHOTS / "jobs.png", animations="disabled")
+    page.screenshot(path=shots / "jobs.png", animations="disabled")
 
     execution = JobExecution.objects.filter(job__name="heartbeat-log", status=S.SUCCEEDED).latest(
         "id"
     )
     open_page(page, f"/executions/{execution.pk}/")
     expect(page.locator("#execution-output")).to_contain_text("heartbeat: all systems nominal")
-    page.screenshot(path=SCREENSHOTS / "execution.png", animations="disabled")
+    page.screenshot(path=shots / "execution.png", animations="disabled")
     for name in ("overview", "jobs", "execution"):
-        assert (SCREENSHOTS / f"{name}.png").stat().st_size > 10_000
+        assert (shots / f"{name}.png").stat().st_size > 10_000
     console.assert_clean()
 
 
