@@ -402,14 +402,12 @@ class Executor:
         capacity: int,
         backend: CoordinationBackend,
         lookahead_s: float = 1.0,
-        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.queues = queues
         self.capacity = capacity
         self.backend = backend
         self.lookahead_s = lookahead_s
-        self.on_change = on_change
         self._lock = threading.Lock()
         self._timer_heap: list[_Scheduled] = []
         self._seq = 0
@@ -436,10 +434,6 @@ class Executor:
     def running_ids(self) -> list[int]:
         with self._lock:
             return list(self._active)
-
-    def _changed(self) -> None:
-        if self.on_change:
-            self.on_change()
 
     # --- claiming ---------------------------------------------------------------------------------
     def claim_once(self) -> int:
@@ -649,7 +643,6 @@ class Executor:
             job_id=run.execution.job_id,
             status=S.RUNNING,
         )
-        self._changed()
 
     def _run_slow(self, execution: JobExecution, due: float) -> None:
         """One execution that needs waiting: a held forbid lock, or a buffer_one job's turn."""
@@ -1035,7 +1028,6 @@ class Executor:
                 self._release_lock(outcome.run.lock)
         with self._lock:
             self._unwritten -= len(batch)
-        self._changed()
 
     def _write_alone(self, outcome: _Outcome) -> None:
         try:

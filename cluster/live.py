@@ -41,6 +41,7 @@ from django.db.models import Model, QuerySet
 from django.utils import timezone
 from rest_framework import serializers
 
+from cluster.api import NodeSerializer, TermSerializer
 from cluster.models import LeadershipTerm, SchedulerNode
 from cluster.selectors import current_term
 from jobs.api.serializers import ExecutionSerializer, JobSerializer
@@ -163,32 +164,6 @@ class LiveJobSerializer(JobSerializer):
         read_only_fields = fields
 
 
-class LiveNodeSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = SchedulerNode
-        fields = [
-            "id",
-            "node_id",
-            "hostname",
-            "pid",
-            "status",
-            "last_heartbeat",
-            "capacity",
-            "running_count",
-            "queues",
-            "drain_requested",
-            "started_at",
-        ]
-        read_only_fields = fields
-
-
-class LiveTermSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = LeadershipTerm
-        fields = ["term", "node_id", "acquired_at", "ended_at", "end_reason"]
-        read_only_fields = fields
-
-
 def cluster_payload() -> dict[str, Any]:
     nodes = sorted(
         SchedulerNode.objects.order_by("-last_heartbeat")[:NODES_LIMIT], key=lambda n: n.node_id
@@ -205,8 +180,8 @@ def cluster_payload() -> dict[str, Any]:
         "leader_since": serializers.DateTimeField().to_representation(term.acquired_at)
         if term
         else None,
-        "nodes": LiveNodeSerializer(nodes, many=True).data,
-        "terms": LiveTermSerializer(terms, many=True).data,
+        "nodes": NodeSerializer(nodes, many=True).data,
+        "terms": TermSerializer(terms, many=True).data,
     }
 
 

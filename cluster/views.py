@@ -5,7 +5,6 @@ Thin like every view: read through selectors and models, write through ``cluster
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
@@ -14,6 +13,7 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
 from cluster import live, services
+from cluster.api import NodeSerializer
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
 from cluster.node import DEAD_AFTER_S, HEARTBEAT_INTERVAL_S
 from jobs.roles import OPERATOR, VIEWER
@@ -31,27 +31,6 @@ from jobs.views import (
 # The cluster message of docs/live-protocol.md carries the newest 20 terms; the pages show the same.
 TIMELINE_TERMS = 20
 NODE_RECENT_EXECUTIONS = 25
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
-def node_payload(node: SchedulerNode) -> dict[str, Any]:
-    """A node as the live protocol's ``cluster`` message sends it."""
-    return {
-        "id": node.pk,
-        "node_id": node.node_id,
-        "hostname": node.hostname,
-        "pid": node.pid,
-        "status": node.status,
-        "last_heartbeat": _iso(node.last_heartbeat),
-        "capacity": node.capacity,
-        "running_count": node.running_count,
-        "queues": node.queues,
-        "drain_requested": node.drain_requested,
-        "started_at": _iso(node.started_at),
-    }
 
 
 def cluster_payload() -> dict[str, Any]:
@@ -99,7 +78,7 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
         page_context(
             request,
             node=node,
-            node_data=node_payload(node),
+            node_data=NodeSerializer(node).data,
             is_leader=cluster["leader"] == node.node_id,
             term=cluster["term"],
             executions=executions,

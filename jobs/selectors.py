@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from jobs import schedules
 from jobs.models import Job, JobExecution, ScheduleType
 from jobs.validation import WRITABLE_FIELDS
 
@@ -18,6 +19,20 @@ def job_list(*, enabled: bool | None = None, search: str = "") -> QuerySet[Job]:
     if search:
         jobs = jobs.filter(name__icontains=search)
     return jobs
+
+
+def job_schedule_description(job: Job) -> str:
+    """The job's schedule in words ("Every 5 minutes (Europe/Berlin)"), "" if it cannot be read."""
+    try:
+        return schedules.describe_schedule(
+            schedule_type=job.schedule_type,
+            cron_expression=job.cron_expression,
+            interval_seconds=job.interval_seconds,
+            run_at=job.run_at,
+            timezone=job.timezone,
+        )
+    except schedules.ScheduleError:
+        return ""
 
 
 def job_get_by_name_or_id(ref: str) -> Job:

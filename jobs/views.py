@@ -39,7 +39,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from jobs import registry, schedules, selectors, services
+from jobs import registry, selectors, services
 from jobs.forms import JobForm, JobVersionForm, timezone_names
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType
 from jobs.roles import ADMIN, OPERATOR, VIEWER, has_role, user_role
@@ -166,19 +166,6 @@ def _parse_filter_datetime(raw: str, zone_name: str) -> datetime | None:
 
 def _int_or_none(raw: str | None) -> int | None:
     return int(raw) if raw and raw.isdigit() else None
-
-
-def _schedule_description(job: Job) -> str:
-    try:
-        return schedules.describe_schedule(
-            schedule_type=job.schedule_type,
-            cron_expression=job.cron_expression,
-            interval_seconds=job.interval_seconds,
-            run_at=job.run_at,
-            timezone=job.timezone,
-        )
-    except schedules.ScheduleError:
-        return ""
 
 
 # --- overview ---------------------------------------------------------------------------------
@@ -367,7 +354,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         sort = "name"
     page = _paginate(request, jobs.order_by(*JOB_SORTS[sort]))
     for job in page.object_list:
-        job.schedule_description = _schedule_description(job)
+        job.schedule_description = selectors.job_schedule_description(job)
         job.last_outcome_label = S(job.last_outcome).label if job.last_outcome else ""
     tasks = sorted(set(registry.task_names()) | set(Job.objects.values_list("task", flat=True)))
     filtered = bool(search or params.get("enabled") or params.get("task") or outcome) or bool(
@@ -451,7 +438,7 @@ def _job_stats(job: Job) -> dict[str, Any]:
 @role_required(VIEWER)
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(Job, pk=pk)
-    job.schedule_description = _schedule_description(job)
+    job.schedule_description = selectors.job_schedule_description(job)
     node_map = node_pks()
     executions = decorate_executions(
         job.executions.order_by("-id")[:JOB_RECENT_EXECUTIONS], node_map

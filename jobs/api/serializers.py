@@ -7,7 +7,6 @@ from typing import Any
 
 from rest_framework import serializers
 
-from jobs import schedules
 from jobs.models import (
     MAX_BACKOFF_S,
     MAX_GRACE_S,
@@ -23,6 +22,7 @@ from jobs.models import (
     MisfirePolicy,
     ScheduleType,
 )
+from jobs.selectors import job_schedule_description
 from jobs.validation import WRITABLE_FIELDS
 
 
@@ -48,16 +48,7 @@ class JobSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_schedule_description(self, job: Job) -> str:
-        try:
-            return schedules.describe_schedule(
-                schedule_type=job.schedule_type,
-                cron_expression=job.cron_expression,
-                interval_seconds=job.interval_seconds,
-                run_at=job.run_at,
-                timezone=job.timezone,
-            )
-        except schedules.ScheduleError:
-            return ""
+        return job_schedule_description(job)
 
 
 class JobWriteSerializer(serializers.Serializer):
