@@ -425,7 +425,7 @@ def w4(env: Environment, *, defined: int = 100_000, due: int = 3, repeats: int =
         for i in range(defined)
     ]
     Job.objects.bulk_create(batch, batch_size=5000)
-    fence_raise(1)
+    fence_raise(1, "bench")
 
     def timed_tick() -> tuple[float, int]:
         with CaptureQueriesContext(connection) as queries:

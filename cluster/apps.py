@@ -5,11 +5,20 @@ from django.apps import AppConfig
 logger = logging.getLogger(__name__)
 
 
+# Seconds; set by runnode (node processes only: a web request or a test may legitimately sit in
+# a transaction longer, and only nodes take the locks that hold the cluster up).
+_idle_transaction_limit_s: int = 0
+
+
+def limit_idle_transactions(seconds: int) -> None:
+    """Apply the MariaDB idle-transaction timeout to every connection this process opens from now."""
+    global _idle_transaction_limit_s
+    _idle_transaction_limit_s = int(seconds)
+
+
 def _limit_idle_write_transactions(sender, connection, **kwargs) -> None:
     """MariaDB only (MySQL has no such variable): see SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S."""
-    from django.conf import settings
-
-    timeout = settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S
+    timeout = _idle_transaction_limit_s
     if connection.vendor != "mysql" or not timeout or not connection.mysql_is_mariadb:
         return
     with connection.cursor() as cursor:

@@ -40,6 +40,7 @@ from django.utils import timezone
 
 from cluster.child import run_task
 from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
+from cluster.membership import Liveness, Membership, node_liveness
 from jobs import events, registry
 from jobs.models import MAX_OUTPUT_CHARS, ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
 from jobs.schedules import spread_offset
@@ -55,8 +56,8 @@ PREPARE_AHEAD_S = 0.25
 SPIN_S = 0.0015
 # A gated task also starts by itself this long after its instant if the gate never opens.
 GATE_SLACK_S = 0.05
-# The watchdog extends it every ttl/3 while the run lasts; a dead node's lock frees within this.
-JOB_LOCK_TTL_MS = 3_000
+# A body starts only while its job lock stays valid at least this much longer (seconds).
+LOCK_START_MARGIN_S = 0.2
 LOCK_WAIT_POLL_S = 0.1
 LOCK_UNAVAILABLE_RETRY_S = 1.0
 # How often a buffer_one run waiting for the running one looks again.
@@ -75,6 +76,8 @@ REASON_TIMEOUT = "exceeded timeout of {seconds} s"
 REASON_LOCK_LOST = "job lock lost while running"
 REASON_CANCELLED = "cancelled"
 REASON_SHUT_DOWN = "node {node} shut down before the run finished"
+REASON_BLOCKER_GONE = "node {node} is gone (its presence expired) while the run was active"
+REASON_NOT_CONFIRMED = "not started: the node could not confirm its claim"
 RESULT_MAX_CHARS = 64 * 1024
 
 
@@ -167,6 +170,27 @@ def unclaim(execution: JobExecution) -> bool:
             pk=execution.pk, status=S.PENDING, claim_token=execution.claim_token
         ).update(claim_token=None, node="", claimed_at=None)
     )
+
+
+def hand_back_unstarted(execution_id: int, *, claim_token: str, job_id: int) -> bool:
+    """running -> pending for a run marked running ahead of its instant whose body never started
+    (its node could not confirm its claim). Conditional on the claim token: a run the cluster has
+    already declared lost or handed to another node is left alone."""
+    won = transition(
+        execution_id,
+        source=S.RUNNING,
+        target=S.PENDING,
+        claim_token=claim_token,
+        claim_token_new=None,
+        node="",
+        claimed_at=None,
+        started_at=None,
+    )
+    if won:
+        events.send_after_commit(
+            events.execution_changed, execution_id=execution_id, job_id=job_id, status=S.PENDING
+        )
+    return won
 
 
 def backoff_delay(job: Job, attempt: int, rng: random.Random | None = None) -> float:
@@ -305,7 +329,10 @@ def finish_execution(execution: JobExecution, **outcome: Any) -> bool:
 
 
 class _ThreadOutput(io.TextIOBase):
-    """sys.stdout/stderr replacement that sends a task thread's prints to its own buffer."""
+    """sys.stdout/stderr replacement that sends a task thread's prints to its own buffer.
+
+    ``print("a", 1)`` arrives as several writes ("a", " ", "1", "\n"): text is kept per thread
+    until a newline completes the line, so one print is one line of output."""
 
     def __init__(self, original: Any) -> None:
         self.original = original
@@ -313,14 +340,32 @@ class _ThreadOutput(io.TextIOBase):
 
     def write(self, text: str) -> int:
         context = getattr(self.local, "context", None)
-        if context is not None:
-            if text.strip():
-                context.log(text.rstrip("\n"))
-            return len(text)
-        return self.original.write(text)
+        if context is None:
+            return self.original.write(text)
+        pending = getattr(self.local, "pending", "") + text
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            if line.strip():
+                context.log(line)
+        self.local.pending = pending
+        return len(text)
+
+    def attach(self, context: registry.TaskContext) -> None:
+        self.local.context = context
+        self.local.pending = ""
+
+    def detach(self) -> None:
+        """The task ended: keep its last, unterminated line, then stop capturing."""
+        context = getattr(self.local, "context", None)
+        pending = getattr(self.local, "pending", "")
+        if context is not None and pending.strip():
+            context.log(pending)
+        self.local.context = None
+        self.local.pending = ""
 
     def flush(self) -> None:
-        self.original.flush()
+        if getattr(self.local, "context", None) is None:
+            self.original.flush()
 
 
 _stdout: _ThreadOutput | None = None
@@ -352,6 +397,18 @@ class _Scheduled:
     due: float
     seq: int
     execution: JobExecution = field(compare=False)
+    # The node's membership epoch when it claimed the run: a lapse since voids the claim.
+    epoch: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """The earliest other RUNNING run of a job whose node is not known to be gone."""
+
+    started_at: datetime | None
+    # Its node renews its presence on time: the run really is active. Otherwise the node stopped
+    # renewing and is about to be declared dead: wait, do not skip on its account.
+    certain: bool
 
 
 @dataclass
@@ -370,6 +427,7 @@ class ActiveRun:
     cancel_deadline: float | None = None
     # An outcome was queued: later ones (a late body, a timeout) are dropped.
     completed: bool = False
+    epoch: int = 0
 
 
 @dataclass
@@ -401,12 +459,18 @@ class Executor:
         queues: list[str],
         capacity: int,
         backend: CoordinationBackend,
+        membership: Membership,
+        heartbeat_s: float,
         lookahead_s: float = 1.0,
     ) -> None:
         self.node_id = node_id
         self.queues = queues
         self.capacity = capacity
         self.backend = backend
+        self.membership = membership
+        self.heartbeat_s = heartbeat_s
+        # A job lock lives as long as a presence: a dead node's locks free when it is declared dead.
+        self.job_lock_ttl_ms = int(membership.ttl_s * 1000)
         self.lookahead_s = lookahead_s
         self._lock = threading.Lock()
         self._timer_heap: list[_Scheduled] = []
@@ -438,11 +502,13 @@ class Executor:
     # --- claiming ---------------------------------------------------------------------------------
     def claim_once(self) -> int:
         """Claim what fits; returns the number claimed. Called by the node's claim loop."""
-        if not self.claiming:
+        if not self.claiming or not self.membership.confirmed():
+            # A node that cannot show it is still a member claims nothing it could not start.
             return 0
         free = self.capacity - self.load
         if free <= 0:
             return 0
+        epoch = self.membership.epoch
         horizon = timezone.now() + timedelta(seconds=self.lookahead_s)
         claimed = claim_executions(
             node_id=self.node_id, queues=self.queues, limit=free, horizon=horizon
@@ -454,10 +520,15 @@ class Executor:
                     self._seq += 1
                     heapq.heappush(
                         self._timer_heap,
-                        _Scheduled(execution.run_after.timestamp(), self._seq, execution),
+                        _Scheduled(execution.run_after.timestamp(), self._seq, execution, epoch),
                     )
             self._wake_starter.set()
         return len(claimed)
+
+    def on_membership_lapse(self) -> int:
+        """This node's presence had expired: the cluster may have taken what it claimed. Hand the
+        unstarted claims back (conditionally); runs being prepared fail the epoch check at start."""
+        return self.release_unstarted()
 
     def release_unstarted(self) -> int:
         """Hand every claimed-but-unstarted execution back (drain, shutdown)."""
@@ -562,7 +633,7 @@ class Executor:
         for item in slow:
             threading.Thread(
                 target=self._guarded,
-                args=(self._run_slow, item.execution, item.due),
+                args=(self._run_slow, item.execution, item.due, item.epoch),
                 name=f"exec-{item.execution.pk}",
                 daemon=True,
             ).start()
@@ -612,7 +683,7 @@ class Executor:
                 self._forget(execution.pk)
                 continue
             execution.started_at = datetime.fromtimestamp(max(item.due, time.time()), tz=UTC)
-            run = ActiveRun(execution=execution, due=item.due, lock=lock)
+            run = ActiveRun(execution=execution, due=item.due, lock=lock, epoch=item.epoch)
             if item.due not in gates:
                 gates[item.due] = threading.Event()
                 threading.Thread(
@@ -644,7 +715,7 @@ class Executor:
             status=S.RUNNING,
         )
 
-    def _run_slow(self, execution: JobExecution, due: float) -> None:
+    def _run_slow(self, execution: JobExecution, due: float, epoch: int) -> None:
         """One execution that needs waiting: a held forbid lock, or a buffer_one job's turn."""
         job = execution.job
         lock: LockWatchdog | None = None
@@ -662,8 +733,9 @@ class Executor:
                     self._skip(execution, lock)
                 self._forget(execution.pk)
                 return
-        elif job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and self._forbid_blocked(
-            execution
+        elif (
+            job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE
+            and self._active_blocker(execution) is not None
         ):
             # Wait for the running one: hand it back, to be claimed again a little later.
             JobExecution.objects.filter(
@@ -698,7 +770,7 @@ class Executor:
             self._forget(execution.pk)
             return
         execution.started_at = planned_start
-        run = ActiveRun(execution=execution, due=due, lock=lock)
+        run = ActiveRun(execution=execution, due=due, lock=lock, epoch=epoch)
         self._activate(run)
         if job.isolation == Isolation.PROCESS:
             self._body_in_process(run)
@@ -709,10 +781,10 @@ class Executor:
     def _take_job_lock(self, execution: JobExecution) -> LockWatchdog | bool:
         """The job lock, kept alive by a watchdog; False if someone else holds it.
         Raises CoordinationError when the lock service cannot answer (e.g. no Redlock quorum)."""
-        handle = self.backend.acquire_lock(f"job:{execution.job_id}", JOB_LOCK_TTL_MS)
+        handle = self.backend.acquire_lock(f"job:{execution.job_id}", self.job_lock_ttl_ms)
         if handle is None:
             return False
-        return LockWatchdog(self.backend, handle, JOB_LOCK_TTL_MS).start()
+        return LockWatchdog(self.backend, handle, self.job_lock_ttl_ms).start()
 
     def _defer(self, execution: JobExecution, reason: Exception) -> None:
         """The lock service is down: put the run back (not skipped) and try again later."""
@@ -732,15 +804,48 @@ class Executor:
             run_after=timezone.now() + timedelta(seconds=LOCK_UNAVAILABLE_RETRY_S),
         )
 
-    def _blocking_start(self, execution: JobExecution) -> datetime | None:
-        """When the earliest other RUNNING run of the job started, or None if there is none."""
-        return (
-            JobExecution.objects.filter(job_id=execution.job_id, status=S.RUNNING)
+    def _active_blocker(self, execution: JobExecution) -> Blocker | None:
+        """The earliest other RUNNING run of the job that may really be active.
+
+        A run whose node's presence has expired is not active: it is ended as ``lost`` on the
+        spot (retried per policy), so a dead node's leftovers never make a policy skip or wait.
+        """
+        others = list(
+            JobExecution.objects.select_related("job")
+            .filter(job_id=execution.job_id, status=S.RUNNING)
             .exclude(pk=execution.pk)
-            .order_by("started_at")
-            .values_list("started_at", flat=True)
-            .first()
+            .order_by("started_at", "pk")
         )
+        if not others:
+            return None
+        try:
+            live = self.backend.live_nodes()
+        except CoordinationError:
+            live = None  # cannot tell: nothing is ended, nothing is certain
+        now_ms = int(time.time() * 1000)
+        for other in others:
+            state = (
+                Liveness.SUSPECT
+                if live is None
+                else node_liveness(
+                    live,
+                    other.node,
+                    now_ms=now_ms,
+                    ttl_s=self.membership.ttl_s,
+                    heartbeat_s=self.heartbeat_s,
+                )
+            )
+            if state == Liveness.GONE:
+                with transaction.atomic():
+                    end_running(
+                        other,
+                        status=S.LOST,
+                        reason=REASON_BLOCKER_GONE.format(node=other.node or "?"),
+                        now=timezone.now(),
+                    )
+                continue
+            return Blocker(started_at=other.started_at, certain=state == Liveness.ALIVE)
+        return None
 
     def _older_run_waiting(self, execution: JobExecution) -> bool:
         """An earlier fire of the same job is due and not started: it goes first (catch-up runs
@@ -755,9 +860,6 @@ class Executor:
             .exclude(pk=execution.pk)
             .exists()
         )
-
-    def _forbid_blocked(self, execution: JobExecution) -> bool:
-        return self._blocking_start(execution) is not None
 
     def _acquire_forbid_lock(self, execution: JobExecution, due: float) -> LockWatchdog | str:
         """The job lock for a ``forbid`` run, or why it does not start: a skip reason, or
@@ -775,9 +877,9 @@ class Executor:
         give_up = runnable_since + max(execution.job.misfire_grace_seconds, 1)
         while True:
             taken = self._take_job_lock(execution)
-            blocker_started = self._blocking_start(execution)
+            blocker = self._active_blocker(execution)
             if (
-                blocker_started is None
+                blocker is None
                 and isinstance(taken, LockWatchdog)
                 and not self._older_run_waiting(execution)
             ):
@@ -785,11 +887,15 @@ class Executor:
             if isinstance(taken, LockWatchdog):
                 self._release_lock(taken)
             # Judged at the due instant, not while preparing: the previous run may end before.
+            # Only a run known to be active skips this one; one on a node that stopped renewing
+            # its presence is waited for (it is about to be declared dead and ended).
             now = time.time()
             if (
                 now >= due
-                and blocker_started is not None
-                and blocker_started <= due_instant(execution)
+                and blocker is not None
+                and blocker.certain
+                and blocker.started_at is not None
+                and blocker.started_at <= due_instant(execution)
             ):
                 return REASON_FORBID
             if not self.claiming:
@@ -834,13 +940,19 @@ class Executor:
         run.context = context
         stdout = _install_output_capture()
         _wait_for_start(run)
+        if not self._may_start(run):
+            connection.close()
+            return
         if job.timeout_seconds:
             run.deadline = time.monotonic() + job.timeout_seconds
-        stdout.local.context = context
+        stdout.attach(context)
         started = time.time()
         try:
-            spec = registry.get_task(job.task)
-            value = _call_task(spec, list(job.args), dict(job.kwargs), context)
+            try:
+                spec = registry.get_task(job.task)
+                value = _call_task(spec, list(job.args), dict(job.kwargs), context)
+            finally:
+                stdout.detach()  # the last, unterminated line belongs to the outcome's output
         except BaseException as exc:
             self._complete(
                 _Outcome(
@@ -870,7 +982,6 @@ class Executor:
                     _Outcome(run, S.SUCCEEDED, result=value, output=context.output, started=started)
                 )
         finally:
-            stdout.local.context = None
             connection.close()
 
     def _body_in_process(self, run: ActiveRun) -> None:
@@ -890,6 +1001,9 @@ class Executor:
             daemon=True,
         )
         _wait_for_start(run)
+        if not self._may_start(run):
+            connection.close()
+            return
         started = time.time()
         if job.timeout_seconds:
             run.deadline = time.monotonic() + job.timeout_seconds
@@ -935,6 +1049,43 @@ class Executor:
                 process.kill()
             process.join(5)
             parent_conn.close()
+
+    def _may_start(self, run: ActiveRun) -> bool:
+        """The self-fence, checked on this node's own clock just before the body starts: its
+        membership confirmed without a lapse since the run was claimed, and the job lock (if any)
+        valid for a margin yet. Otherwise the run is given up: handed back to the queue if the
+        cluster has not taken it already (the write is conditional on the claim)."""
+        lock = run.lock
+        lock_ok = lock is None or (
+            not lock.lost.is_set()
+            and lock.clock.monotonic() < lock.handle.valid_until() - LOCK_START_MARGIN_S
+        )
+        if lock_ok and self.membership.confirmed(run.epoch):
+            return True
+        with self._lock:
+            if run.completed:
+                return False
+            run.completed = True
+            self._active.pop(run.execution.pk, None)
+        execution = run.execution
+        handed_back = False
+        try:
+            handed_back = hand_back_unstarted(
+                execution.pk, claim_token=execution.claim_token, job_id=execution.job_id
+            )
+        except Exception:
+            logger.exception("could not hand back execution %s", execution.pk)
+        finally:
+            if lock is not None:
+                self._release_lock(lock)
+        logger.warning(
+            "execution %s not started: %s (%s)",
+            execution.pk,
+            "lock no longer certain" if not lock_ok else "membership not confirmed",
+            "handed back" if handed_back else "already taken by the cluster",
+            extra={"node": self.node_id, "execution": execution.pk},
+        )
+        return False
 
     def _complete(self, outcome: _Outcome) -> bool:
         """Queue the first outcome of a run for the finisher; later ones are dropped."""

@@ -43,20 +43,22 @@ def _ensure_fence_row() -> None:
             pass  # another node created it first
 
 
-def fence_raise(term: int) -> bool:
-    """Record ``term`` as the newest. False if storage has already seen a newer one."""
+def fence_raise(term: int, holder: str) -> bool:
+    """Record ``term``, held by ``holder``, as the newest. False if storage has already seen a
+    newer term, or this very term held by someone else: a term is never minted twice, so a
+    coordination store that restarted without its counter cannot hand out a term again."""
     _ensure_fence_row()
     with transaction.atomic():
-        stored = (
+        stored, stored_holder = (
             ClusterFence.objects.select_for_update()
             .filter(name=FENCE_NAME)
-            .values_list("term", flat=True)
+            .values_list("term", "holder")
             .get()
         )
-        if stored > term:
+        if stored > term or (stored == term and stored_holder not in ("", holder)):
             return False
         if stored < term:
-            ClusterFence.objects.filter(name=FENCE_NAME).update(term=term)
+            ClusterFence.objects.filter(name=FENCE_NAME).update(term=term, holder=holder)
     return True
 
 

@@ -60,6 +60,9 @@ class ClusterFence(models.Model):
 
     name = models.CharField(max_length=64, primary_key=True)
     term = models.BigIntegerField(default=0)
+    # Who raised the fence to ``term``: the same term claimed by another holder is refused (a
+    # coordination store that lost its counter could mint it twice).
+    holder = models.CharField(max_length=128, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.name}: term {self.term}"

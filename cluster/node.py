@@ -4,7 +4,10 @@
 going, waits on the stop event instead of sleeping, and closes stale DB connections every pass:
 
   election   the LeaderElector (lease acquire / renew / step down);
-  heartbeat  SchedulerNode row + backend presence; cancel requests; operator drain requests;
+  presence   the node's presence in the coordination backend (a TTL key / lease row), and nothing
+             else, so a slow database never makes a live node look dead; it also keeps the node's
+             own proof of membership (cluster/membership.py) that every start is checked against;
+  heartbeat  SchedulerNode row (ages for the dashboard); cancel requests; operator drain requests;
   leader     while leading: scheduler_tick (sleeping until the earliest next_fire_at minus the
              look-ahead, woken early by a Redis "wake" message when jobs change) and the reaper;
   claim      claims due executions within capacity (woken by "wake", else a short poll);
@@ -34,6 +37,7 @@ from cluster.coordination import CoordinationBackend, Lease, get_backend
 from cluster.elector import ElectionConfig, LeaderElector
 from cluster.executor import Executor
 from cluster.fencing import Fenced, fence_current, fence_raise
+from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
 from cluster.wake import WAKE_CHANNEL
 
@@ -42,13 +46,16 @@ logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
 LEASE_NAME = "scheduler-leader"
 HEARTBEAT_INTERVAL_S = 0.5
-DEAD_AFTER_S = 5.0
+# The presence TTL: a node that has not renewed its presence for this long is dead to the cluster
+# (its work is reaped), and a node that cannot show a renewal this recent starts nothing.
+DEAD_AFTER_S = 2.0
 LOOKAHEAD_S = 1.0
 CLAIM_POLL_S = 0.1
 # Longest the leader sleeps without looking at the earliest next_fire_at again. With Redis, job
 # changes wake it at once; on the database backend this bound is how fast it notices an edit.
 LEADER_MAX_SLEEP_S = 0.25
-REAP_INTERVAL_S = 1.0
+# How often the leader looks for expired presences (one backend read when nobody died).
+REAP_INTERVAL_S = 0.25
 LEADER_TICK_EARLY_S = 0.4
 DEFAULT_GRACE_S = 30.0
 LOOP_ERROR_BACKOFF_S = 0.5
@@ -73,6 +80,8 @@ class NodeConfig:
             raise ValueError("a node must serve at least one queue")
         if self.dead_after_s <= 2 * self.heartbeat_interval_s:
             raise ValueError("dead_after_s must exceed two heartbeat intervals")
+        if self.heartbeat_interval_s <= 0:
+            raise ValueError("heartbeat_interval_s must be positive")
         if self.lookahead_s < 0:
             raise ValueError("lookahead_s must not be negative")
 
@@ -108,11 +117,14 @@ class NodeRunner:
         self._wake_claim = threading.Event()
         self._last_reap = 0.0
         self._threads: list[threading.Thread] = []
+        self.membership = Membership(self.backend, config.node_id, ttl_s=config.dead_after_s)
         self.executor = Executor(
             node_id=config.node_id,
             queues=config.queues,
             capacity=config.capacity,
             backend=self.backend,
+            membership=self.membership,
+            heartbeat_s=config.heartbeat_interval_s,
             lookahead_s=config.lookahead_s,
         )
         self.elector = LeaderElector(
@@ -127,6 +139,9 @@ class NodeRunner:
 
     # --- registration and heartbeat ------------------------------------------------------------------
     def register(self) -> SchedulerNode:
+        # Present in the backend before the row says "active": the reaper never sees an active
+        # node without a presence unless it is dead.
+        self.presence_once()
         now = timezone.now()
         node, _ = SchedulerNode.objects.update_or_create(
             node_id=self.config.node_id,
@@ -165,17 +180,6 @@ class NodeRunner:
             SchedulerNode.objects.filter(node_id=self.config.node_id).update(
                 last_heartbeat=now, status=status, running_count=self.executor.running_count
             )
-        # On the database backend the SchedulerNode row just written is the presence record; a
-        # second write per heartbeat would add nothing.
-        if self.backend.stores_heartbeat_payload:
-            try:
-                self.backend.heartbeat(
-                    self.config.node_id,
-                    int(self.config.dead_after_s * 1000),
-                    {"pid": os.getpid(), "running": self.executor.running_count},
-                )
-            except Exception as exc:
-                logger.warning("backend heartbeat failed: %s", exc, extra=self._log_extra)
         self.executor.apply_cancel_requests()
         if (
             not self.draining
@@ -186,6 +190,36 @@ class NodeRunner:
             logger.info("drain requested by an operator", extra=self._log_extra)
             threading.Thread(target=self.shutdown, name="drain", daemon=True).start()
         return self.config.heartbeat_interval_s
+
+    def presence_once(self) -> float:
+        """Renew this node's presence; on a lapse, give up what was claimed under it."""
+        try:
+            continuous = self.membership.renew(
+                {"pid": os.getpid(), "running": self.executor.running_count}
+            )
+        except Exception as exc:
+            logger.warning(
+                "presence renewal failed (%s); %.2f s of confirmed membership left",
+                exc,
+                max(0.0, self.membership.remaining_s()),
+                extra=self._log_extra,
+            )
+            return self.config.heartbeat_interval_s
+        if not continuous:
+            handed_back = self.executor.on_membership_lapse()
+            logger.warning(
+                "presence had lapsed (paused or cut off): %d unstarted claims handed back",
+                handed_back,
+                extra=self._log_extra,
+            )
+        return self.config.heartbeat_interval_s
+
+    def _live_node_ids(self) -> set[str]:
+        try:
+            return set(self.backend.live_nodes())
+        except Exception as exc:
+            logger.warning("could not read live nodes: %s", exc, extra=self._log_extra)
+            return set()
 
     # --- leadership ----------------------------------------------------------------------------------
     @property
@@ -226,12 +260,12 @@ class NodeRunner:
         if current is None or current.term != lease.term:
             return  # already lost again before it could be recorded
         try:
-            if not fence_raise(lease.term):
-                # Storage has seen a newer term than the backend minted (Redis restarted without
-                # persistence): lift the backend's counter past it and campaign again.
+            if not fence_raise(lease.term, self.config.node_id):
+                # Storage has seen this term or a newer one (Redis restarted without persistence
+                # and minted it again): lift the backend's counter past it and campaign again.
                 stored = fence_current()
                 logger.warning(
-                    "term %s is older than the fenced term %s; raising the term floor and "
+                    "term %s is not above the fenced term %s; raising the term floor and "
                     "stepping down",
                     lease.term,
                     stored,
@@ -245,11 +279,7 @@ class NodeRunner:
                 for old in LeadershipTerm.objects.filter(
                     ended_at__isnull=True, term__lt=lease.term
                 ):
-                    alive = SchedulerNode.objects.filter(
-                        node_id=old.node_id,
-                        status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING],
-                        last_heartbeat__gte=now - timedelta(seconds=self.config.dead_after_s / 2),
-                    ).exists()
+                    alive = old.node_id in self._live_node_ids()
                     old.ended_at = now
                     old.end_reason = TermEndReason.LEASE_LOST if alive else TermEndReason.NODE_DIED
                     old.save(update_fields=["ended_at", "end_reason"])
@@ -295,7 +325,10 @@ class NodeRunner:
             if time.monotonic() - self._last_reap >= REAP_INTERVAL_S:
                 self._last_reap = time.monotonic()
                 reaped = scheduler.reap_dead_nodes(
-                    term=term, now=now, dead_after=timedelta(seconds=self.config.dead_after_s)
+                    term=term,
+                    now=timezone.now(),
+                    dead_after=timedelta(seconds=self.config.dead_after_s),
+                    live=set(self.backend.live_nodes()),
                 )
                 if reaped.dead_nodes or reaped.stuck:
                     logger.warning(
@@ -356,6 +389,7 @@ class NodeRunner:
     # --- one pass of everything (tests) ---------------------------------------------------------------
     def tick(self) -> None:
         self.elector.tick()
+        self.presence_once()
         self.heartbeat_once()
         self.leader_once()
         self.executor.claim_once()
@@ -375,6 +409,7 @@ class NodeRunner:
         self.register()
         loops: list[tuple[str, Callable[[], None]]] = [
             ("election", lambda: self.elector.run(self._election_stop)),
+            ("presence", lambda: _loop("presence", self.stop_event, self.presence_once)),
             ("heartbeat", lambda: _loop("heartbeat", self.stop_event, self.heartbeat_once)),
             ("leader", lambda: self._waiting_loop("leader", self._wake_leader, self.leader_once)),
             ("claim", lambda: self._waiting_loop("claim", self._wake_claim, self.claim_once)),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -299,14 +300,25 @@ class ReapResult:
     stuck: int = 0
 
 
-def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapResult:
-    """Mark silent nodes dead; their running work becomes lost (and is retried per policy), their
-    claimed-but-unstarted work goes back to the queue. Also times out runs stuck past
-    timeout + dead threshold on any node."""
+def reap_dead_nodes(
+    *, term: int, now: datetime, dead_after: timedelta, live: Collection[str]
+) -> ReapResult:
+    """Mark dead the nodes whose presence has expired (not in ``live``, the coordination backend's
+    answer) and whose heartbeat row is as old; their running work becomes lost (and is retried per
+    policy), their claimed-but-unstarted work goes back to the queue. Also times out runs stuck past
+    timeout + dead threshold on any node.
+
+    A node only starts work while it can show its presence has not expired (cluster/membership.py),
+    so work taken here can no longer start there. The row's age is a second condition, never the
+    only one: a coordination store that lost every key (a Redis restart) must not kill live nodes.
+    """
     from cluster.executor import end_running
 
     result = ReapResult()
     cutoff = now - dead_after
+    silent = SchedulerNode.objects.filter(
+        status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff
+    ).exclude(node_id__in=list(live))
     stuck_candidates = JobExecution.objects.filter(
         status=ExecutionStatus.RUNNING, job__timeout_seconds__isnull=False
     )
@@ -318,20 +330,10 @@ def reap_dead_nodes(*, term: int, now: datetime, dead_after: timedelta) -> ReapR
         claim_token__isnull=False,
         node__in=stopped_nodes,
     )
-    if not (
-        SchedulerNode.objects.filter(
-            status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff
-        ).exists()
-        or stuck_candidates.exists()
-        or orphans.exists()
-    ):
+    if not (silent.exists() or stuck_candidates.exists() or orphans.exists()):
         return result
     with fenced_transaction(term):
-        dead = list(
-            SchedulerNode.objects.filter(
-                status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING], last_heartbeat__lt=cutoff
-            ).values_list("node_id", flat=True)
-        )
+        dead = list(silent.values_list("node_id", flat=True))
         stopped_with_work = list(orphans.values_list("node", flat=True).distinct())
         if dead:
             SchedulerNode.objects.filter(node_id__in=dead, last_heartbeat__lt=cutoff).update(

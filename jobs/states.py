@@ -1,6 +1,7 @@
 """The execution state machine: every status, every allowed move, and the one conditional write.
 
     pending ──> running ──> succeeded | failed | timed_out | cancelled | lost
+       │  │       └──> pending   (handed back: marked running ahead of its instant, body not started)
        │  └──> cancelled | skipped
     retry_scheduled ──> pending | cancelled
     failed | timed_out | lost  ══> retry_scheduled   (a NEW row, attempt + 1)
@@ -38,7 +39,9 @@ S = ExecutionStatus
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING: frozenset({S.RUNNING, S.CANCELLED, S.SKIPPED}),
-    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED, S.LOST}),
+    # running -> pending: a run is marked running just before its instant (write-ahead); a node that
+    # cannot confirm its claim at the instant hands it back instead of starting the body.
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED, S.LOST, S.PENDING}),
     S.RETRY_SCHEDULED: frozenset({S.PENDING, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
@@ -100,5 +103,8 @@ def transition(
             filters["claim_token__isnull"] = True
         else:
             filters["claim_token"] = claim_token
+    if "claim_token_new" in fields:
+        # The filter names the token the writer holds; the row may get another (or none).
+        fields["claim_token"] = fields.pop("claim_token_new")
     updated = JobExecution.objects.filter(**filters).update(status=target, **fields)
     return updated == 1

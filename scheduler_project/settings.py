@@ -266,10 +266,11 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
 
-# On MariaDB, a client frozen inside a write transaction (SIGSTOP, a paused VM) would hold its row
-# locks until it resumes. The server kills such a connection after this many idle seconds, rolling
-# its transaction back (see cluster.apps). 0 disables it.
-SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S", 5)
+# On MariaDB, a node frozen inside a transaction (SIGSTOP, a paused VM) would hold its row locks
+# (the fence row among them) until it resumes. The server kills a node's connection after this many
+# idle seconds inside a transaction, rolling it back (see cluster.apps); runnode refuses a value not
+# below the renew deadline, so nothing frozen holds the cluster longer than a lease. 0 disables it.
+SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S", 1)
 
 # --- Live dashboard (cluster.live, docs/live-protocol.md) -----------------------------------------
 # Read by cluster.live when the first dashboard connects (tests override them with settings).

@@ -129,12 +129,18 @@ class CoordinationBackend(abc.ABC):
 
     # --- presence ---------------------------------------------------------------------------------
     @abc.abstractmethod
-    def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> None:
-        """Mark ``node_id`` alive for ``ttl_ms``."""
+    def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> bool:
+        """Mark ``node_id`` alive for ``ttl_ms`` from now.
+
+        Returns whether its presence was still alive when renewed. False means it had expired (or
+        never existed): the cluster may have declared the node dead and taken its work meanwhile,
+        so the node must give up what it held before it starts anything new."""
 
     @abc.abstractmethod
     def live_nodes(self) -> dict[str, dict[str, Any]]:
-        """Node id -> heartbeat payload, for every node whose presence has not expired."""
+        """Node id -> heartbeat payload, for every node whose presence has not expired. Each
+        payload also carries ``expires_at_ms`` (wall-clock ms, the reader's estimate) so a reader
+        can tell a node that renews on time from one that has stopped and is about to expire."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for backends holding nothing
         """Release connections. The backend must not be used afterwards."""

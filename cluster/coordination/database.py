@@ -260,28 +260,40 @@ class DatabaseBackend(CoordinationBackend):
         return int(ttl_ms - (self.clock.monotonic() - started) * 1000)
 
     # --- presence ---------------------------------------------------------------------------------
-    def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> None:
+    def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> bool:
         validate_ttl(ttl_ms)
         key = NODE_PREFIX + node_id
 
-        def body() -> None:
-            expires_at_ms = wall_ms(self.clock) + ttl_ms
+        def body() -> bool:
+            now = wall_ms(self.clock)
+            expires_at_ms = now + ttl_ms
+            # Renewed only while unexpired: a lapse must be reported, not papered over.
+            if (
+                self._rows()
+                .filter(name=key, expires_at_ms__gt=now)
+                .update(expires_at_ms=expires_at_ms)
+            ):
+                return True
             if self._rows().filter(name=key).update(expires_at_ms=expires_at_ms):
-                return
+                return False
             try:
                 with transaction.atomic(using=self.using):
                     self._rows().create(name=key, holder=node_id, expires_at_ms=expires_at_ms)
             except IntegrityError:
                 # Created by a concurrent heartbeat of the same node (a restart overlapping).
                 self._rows().filter(name=key).update(expires_at_ms=expires_at_ms)
+            return False
 
-        self._call("heartbeat", key, body)
+        return self._call("heartbeat", key, body)
 
     def live_nodes(self) -> dict[str, dict[str, Any]]:
         def body() -> dict[str, dict[str, Any]]:
-            names = self._rows().filter(
+            rows = self._rows().filter(
                 name__startswith=NODE_PREFIX, expires_at_ms__gt=wall_ms(self.clock)
             )
-            return {name[len(NODE_PREFIX) :]: {} for name in names.values_list("name", flat=True)}
+            return {
+                name[len(NODE_PREFIX) :]: {"expires_at_ms": expires_at_ms}
+                for name, expires_at_ms in rows.values_list("name", "expires_at_ms")
+            }
 
         return self._call("live_nodes", NODE_PREFIX + "*", body)

@@ -150,16 +150,19 @@ class MemoryBackend(CoordinationBackend):
             return True
 
     # --- presence ---------------------------------------------------------------------------------
-    def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> None:
+    def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> bool:
         validate_ttl(ttl_ms)
         with self._mutex:
-            self._nodes[node_id] = (wall_ms(self.clock) + ttl_ms, copy.deepcopy(payload))
+            now = wall_ms(self.clock)
+            previous = self._nodes.get(node_id)
+            self._nodes[node_id] = (now + ttl_ms, copy.deepcopy(payload))
+            return previous is not None and previous[0] > now
 
     def live_nodes(self) -> dict[str, dict[str, Any]]:
         with self._mutex:
             now = wall_ms(self.clock)
             return {
-                node_id: copy.deepcopy(payload)
+                node_id: {**copy.deepcopy(payload), "expires_at_ms": expires_at_ms}
                 for node_id, (expires_at_ms, payload) in self._nodes.items()
                 if expires_at_ms > now
             }

@@ -268,25 +268,34 @@ class RedisBackend(CoordinationBackend):
         return self.redlock.release(handle)
 
     # --- presence ---------------------------------------------------------------------------------
-    def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> None:
+    def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> bool:
         validate_ttl(ttl_ms)
         key = self._node_key(node_id)
         with self._errors("heartbeat", key):
-            self.client.set(key, json.dumps(payload), px=ttl_ms)
+            # SET ... GET (Redis >= 6.2): the old value tells whether the presence had lapsed.
+            previous = self.client.set(key, json.dumps(payload), px=ttl_ms, get=True)
+        return previous is not None
 
     def live_nodes(self) -> dict[str, dict[str, Any]]:
         start = self._node_key("")
+        now = wall_ms(self.clock)
         with self._errors("live_nodes", start + "*"):
             keys = list(
                 self.client.scan_iter(match=_glob_escape(start) + "*", count=LIVE_NODES_SCAN_COUNT)
             )
-            values = self.client.mget(keys) if keys else []
-        # A key that expired between SCAN and MGET reads as None: that node just died.
-        return {
-            key[len(start) :]: json.loads(raw)
-            for key, raw in zip(keys, values, strict=True)
-            if raw is not None
-        }
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+                pipe.pttl(key)
+            replies = pipe.execute() if keys else []
+        nodes: dict[str, dict[str, Any]] = {}
+        for index, key in enumerate(keys):
+            raw, pttl = replies[2 * index], replies[2 * index + 1]
+            # A key that expired between SCAN and the reads is gone: that node just died.
+            if raw is None or pttl is None or pttl < 0:
+                continue
+            nodes[key[len(start) :]] = {**json.loads(raw), "expires_at_ms": now + pttl}
+        return nodes
 
     # --- wake-ups (not part of the interface: the database backend has no push) -------------------
     def publish(self, channel: str, message: str) -> None:

@@ -269,19 +269,29 @@ def test_lock_extensions_are_capped(env: Env) -> None:
 # --- presence -------------------------------------------------------------------------------------
 def test_heartbeats_and_live_nodes(env: Env) -> None:
     assert env.backend.live_nodes() == {}
-    env.backend.heartbeat("node-a", SHORT_TTL_MS, {"pid": 1, "queues": ["default"]})
-    env.build().heartbeat("node-b", LONG_TTL_MS, {"pid": 2, "queues": []})
+    # A first heartbeat creates the presence: it was not alive before.
+    assert env.backend.heartbeat("node-a", SHORT_TTL_MS, {"pid": 1, "queues": ["default"]}) is False
+    assert env.build().heartbeat("node-b", LONG_TTL_MS, {"pid": 2, "queues": []}) is False
     live = env.backend.live_nodes()
     assert set(live) == {"node-a", "node-b"}
+    for node_id, ttl_ms in (("node-a", SHORT_TTL_MS), ("node-b", LONG_TTL_MS)):
+        # The reader's estimate of the expiry: within a second of "now + TTL".
+        remaining = live[node_id].pop("expires_at_ms") - env.now_ms()
+        assert 0 < remaining <= ttl_ms
+        assert remaining > ttl_ms - 1000
     if env.backend.stores_heartbeat_payload:
         assert live == {
             "node-a": {"pid": 1, "queues": ["default"]},
             "node-b": {"pid": 2, "queues": []},
         }
+    # A renewal in time reports continuity.
+    assert env.backend.heartbeat("node-b", LONG_TTL_MS, {"pid": 2, "queues": []}) is True
     env.pass_time(EXPIRY_WAIT_MS)
     assert set(env.backend.live_nodes()) == {"node-b"}
-    env.backend.heartbeat("node-a", LONG_TTL_MS, {"pid": 3})
+    # node-a's presence lapsed: the heartbeat that brings it back says so.
+    assert env.backend.heartbeat("node-a", LONG_TTL_MS, {"pid": 3}) is False
     assert set(env.backend.live_nodes()) == {"node-a", "node-b"}
+    assert env.backend.heartbeat("node-a", LONG_TTL_MS, {"pid": 3}) is True
 
 
 # --- concurrency ----------------------------------------------------------------------------------

@@ -22,12 +22,14 @@ import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
 from cluster import executor as executor_module
 from cluster.coordination.memory import MemoryBackend
 from cluster.executor import (
+    REASON_BLOCKER_GONE,
     REASON_CANCELLED,
     REASON_FORBID,
     REASON_SHUT_DOWN,
     REASON_TIMEOUT,
     Executor,
 )
+from cluster.membership import Membership
 from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
 from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
@@ -35,6 +37,8 @@ from jobs.states import TERMINAL_STATES, ExecutionStatus
 from tests.cluster.harness import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+PRESENCE_TTL_MS = 3_600_000
 
 S = ExecutionStatus
 NODE = "exec-node"
@@ -47,6 +51,13 @@ LONG_TASK_S = 30
 SLOW_SUPERVISOR_S = 30.0
 PRINTED = ["first line", "second line"]
 NON_UTF8_FILE_NAME = b"report-\xff.csv"
+
+
+@task("test.print_parts")
+def print_parts() -> None:
+    """print() with several arguments writes each part separately; one print is one line."""
+    print("progress:", 50, "%")
+    print("no newline at the end", end="")
 
 
 @task("test.print_lines")
@@ -71,7 +82,18 @@ def log_file_name(context: TaskContext) -> None:
 
 @pytest.fixture
 def executor() -> Iterator[Executor]:
-    runner = Executor(node_id=NODE, queues=["default"], capacity=4, backend=MemoryBackend())
+    backend = MemoryBackend()
+    # No cluster can declare this node dead here: a presence of an hour, renewed once.
+    membership = Membership(backend, NODE, ttl_s=PRESENCE_TTL_MS / 1000)
+    membership.renew({})
+    runner = Executor(
+        node_id=NODE,
+        queues=["default"],
+        capacity=4,
+        backend=backend,
+        membership=membership,
+        heartbeat_s=1.0,
+    )
     stop = threading.Event()
     starter = threading.Thread(target=runner.run_starter, args=(stop,), daemon=True)
     starter.start()
@@ -101,12 +123,14 @@ def submit(job: Job, **fields: object) -> JobExecution:
     """One pending execution of ``job``, due now."""
     now = timezone.now()
     return JobExecution.objects.create(
-        job=job,
-        scheduled_for=now,
-        run_after=now,
-        trigger=Trigger.MANUAL,
-        queue=job.queue,
-        **fields,
+        **{
+            "job": job,
+            "scheduled_for": now,
+            "run_after": now,
+            "trigger": Trigger.MANUAL,
+            "queue": job.queue,
+            **fields,
+        }
     )
 
 
@@ -204,6 +228,91 @@ def test_a_task_printing_to_stdout_has_its_output_captured(executor, monkeypatch
     assert done.status == S.SUCCEEDED
     assert done.result == len(PRINTED)
     assert done.output.splitlines() == PRINTED
+
+
+def test_a_multi_argument_print_is_one_line(executor, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", executor_module._install_output_capture())
+    execution = submit(make_job("parts", "test.print_parts"))
+
+    done = run_to_outcome(executor, execution)
+
+    assert done.output.splitlines() == ["progress: 50 %", "no newline at the end"]
+
+
+# --- the self-fence: nothing starts without a confirmed claim --------------------------------------------
+
+
+def lapsing_executor(ttl_s: float) -> tuple[Executor, Membership, threading.Event]:
+    """An executor whose membership was confirmed once and is never renewed again."""
+    backend = MemoryBackend()
+    membership = Membership(backend, "fenced-node", ttl_s=ttl_s, margin_s=0.1)
+    membership.renew({})
+    runner = Executor(
+        node_id="fenced-node",
+        queues=["default"],
+        capacity=4,
+        backend=backend,
+        membership=membership,
+        heartbeat_s=ttl_s / 4,
+    )
+    stop = threading.Event()
+    threading.Thread(target=runner.run_starter, args=(stop,), daemon=True).start()
+    return runner, membership, stop
+
+
+@pytest.mark.parametrize("policy", [ConcurrencyPolicy.FORBID, ConcurrencyPolicy.ALLOW])
+def test_a_run_whose_membership_lapsed_before_its_instant_is_handed_back(tmp_path, policy):
+    """Claimed while the membership held; by the due instant it no longer does (the node was
+    frozen, or cut off from the coordination backend): the body does not start, the run goes back
+    to the queue for another node."""
+    runner, membership, stop = lapsing_executor(ttl_s=0.6)
+    try:
+        path = tmp_path / "r"
+        job = make_job(
+            "fenced", "test.record", kwargs={"path": str(path)}, concurrency_policy=policy
+        )
+        due = timezone.now() + timedelta(seconds=0.8)
+        execution = submit(job, scheduled_for=due, run_after=due)
+        assert runner.claim_once() == 1
+
+        wait_for(lambda: runner.load == 0, OUTCOME_TIMEOUT_S)
+
+        row = JobExecution.objects.get(pk=execution.pk)
+        assert (row.status, row.claim_token, row.node, row.started_at) == (
+            S.PENDING,
+            None,
+            "",
+            None,
+        )
+        assert recorded_ids(path) == []
+        assert not membership.confirmed()
+        assert runner.claim_once() == 0  # nothing is claimed that could not start
+    finally:
+        stop.set()
+
+
+def test_a_lapse_found_at_renewal_voids_earlier_claims(tmp_path):
+    """The presence expired while the node was away and a renewal brings it back: what was claimed
+    before may have been taken by the cluster, so it is given up even though the membership is
+    confirmed again."""
+    runner, membership, stop = lapsing_executor(ttl_s=0.5)
+    try:
+        path = tmp_path / "r"
+        job = make_job("voided", "test.record", kwargs={"path": str(path)})
+        due = timezone.now() + timedelta(seconds=0.9)
+        execution = submit(job, scheduled_for=due, run_after=due)
+        assert runner.claim_once() == 1
+        time.sleep(0.6)  # the presence expires before anyone renews it
+        assert membership.renew({}) is False  # the lapse is seen: the epoch moves on
+        assert membership.confirmed()
+
+        wait_for(lambda: runner.load == 0, OUTCOME_TIMEOUT_S)
+
+        row = JobExecution.objects.get(pk=execution.pk)
+        assert (row.status, row.claim_token) == (S.PENDING, None)
+        assert recorded_ids(path) == []
+    finally:
+        stop.set()
 
 
 # --- timeouts ----------------------------------------------------------------------------------------
@@ -363,16 +472,25 @@ def test_apply_cancel_requests_ignores_runs_nobody_asked_to_cancel(executor, tmp
 
 
 @pytest.mark.parametrize(
-    ("policy", "status", "reason", "ran"),
+    ("policy", "other_presence_ms", "status", "reason", "other_status"),
     [
-        (ConcurrencyPolicy.FORBID, S.SKIPPED, REASON_FORBID, False),
-        (ConcurrencyPolicy.ALLOW, S.SUCCEEDED, "", True),
+        # The other run's node renews its presence (a TTL like ours): that run really is active.
+        (ConcurrencyPolicy.FORBID, PRESENCE_TTL_MS, S.SKIPPED, REASON_FORBID, S.RUNNING),
+        # Its node's presence expired: the run is not active, it is ended as lost on the spot.
+        (ConcurrencyPolicy.FORBID, None, S.SUCCEEDED, "", S.LOST),
+        # Its node stopped renewing (about to expire): waited for, then ended as lost.
+        (ConcurrencyPolicy.FORBID, 400, S.SUCCEEDED, "", S.LOST),
+        (ConcurrencyPolicy.ALLOW, PRESENCE_TTL_MS, S.SUCCEEDED, "", S.RUNNING),
     ],
-    ids=["forbid", "allow"],
+    ids=["forbid-live", "forbid-gone", "forbid-expiring", "allow"],
 )
-def test_a_run_while_another_of_the_job_is_running(executor, tmp_path, policy, status, reason, ran):
+def test_a_run_while_another_of_the_job_is_running(
+    executor, tmp_path, policy, other_presence_ms, status, reason, other_status
+):
     path = tmp_path / "r"
     job = make_job("overlap", "test.record", kwargs={"path": str(path)}, concurrency_policy=policy)
+    if other_presence_ms is not None:
+        executor.backend.heartbeat("other-node", other_presence_ms, {})
     now = timezone.now()
     # Another node's run of the same job, started well before this one became due.
     other = JobExecution.objects.create(
@@ -389,9 +507,11 @@ def test_a_run_while_another_of_the_job_is_running(executor, tmp_path, policy, s
     done = run_to_outcome(executor, execution)
 
     assert (done.status, done.reason) == (status, reason)
-    assert recorded_ids(path) == ([execution.pk] if ran else [])
+    assert recorded_ids(path) == ([execution.pk] if status == S.SUCCEEDED else [])
     other.refresh_from_db()
-    assert other.status == S.RUNNING  # the other run is left alone either way
+    assert other.status == other_status
+    if other_status == S.LOST:
+        assert other.reason == REASON_BLOCKER_GONE.format(node="other-node")
 
 
 def test_allow_runs_two_executions_of_one_job_side_by_side(executor, tmp_path):

@@ -395,7 +395,7 @@ def test_scheduler_tick_of_a_stale_term_writes_nothing(term, fenced):
     retry = add_execution(
         job, slot=T0 - MINUTE, status=S.RETRY_SCHEDULED, attempt=2, run_after=T0 - SECOND
     )
-    assert fence_raise(5)
+    assert fence_raise(5, "leader-a")
 
     if fenced:
         with pytest.raises(Fenced) as info:
@@ -414,23 +414,34 @@ def test_scheduler_tick_of_a_stale_term_writes_nothing(term, fenced):
         assert [e.term for e in rows(job, S.PENDING) if e.attempt == 1] == [term]
 
 
+def test_a_term_is_never_taken_twice():
+    """The same term claimed by another holder (a coordination store that restarted without its
+    counter and minted it again) is refused; the holder itself may claim it again (a retry)."""
+    assert fence_raise(5, "leader-a")
+    assert fence_raise(5, "leader-a")
+    assert not fence_raise(5, "leader-b")
+    assert not fence_raise(4, "leader-b")
+    assert fence_raise(6, "leader-b")
+    assert not fence_raise(6, "leader-a")
+
+
 @pytest.mark.parametrize(("term", "fenced"), [(4, True), (5, False)])
 def test_reap_dead_nodes_of_a_stale_term_writes_nothing(term, fenced):
     now = T0
     make_node("dead-node", heartbeat=now - 2 * DEAD_AFTER)
     job = make_job(max_retries=3)
     running = add_execution(job, slot=now - MINUTE, status=S.RUNNING, node="dead-node")
-    assert fence_raise(5)
+    assert fence_raise(5, "leader-a")
 
     if fenced:
         with pytest.raises(Fenced):
-            reap_dead_nodes(term=term, now=now, dead_after=DEAD_AFTER)
+            reap_dead_nodes(term=term, now=now, dead_after=DEAD_AFTER, live=set())
         assert SchedulerNode.objects.get(node_id="dead-node").status == NodeStatus.ACTIVE
         running.refresh_from_db()
         assert running.status == S.RUNNING
         assert rows(job) == [running]
     else:
-        result = reap_dead_nodes(term=term, now=now, dead_after=DEAD_AFTER)
+        result = reap_dead_nodes(term=term, now=now, dead_after=DEAD_AFTER, live=set())
         assert (result.dead_nodes, result.lost) == (["dead-node"], 1)
         assert JobExecution.objects.filter(job=job, attempt=2).count() == 1
 
@@ -517,6 +528,31 @@ def test_retry_scheduled_rows_due_before_the_horizon_become_pending():
 # --- reaping dead nodes --------------------------------------------------------------------------------
 
 NOW = T0 + timedelta(hours=1)
+# The coordination backend's answer: whose presence has not expired.
+LIVE = {"live-node"}
+
+
+@pytest.mark.parametrize(
+    ("present", "row_age_s", "dead"),
+    [
+        (False, 6, True),  # presence expired, row as old: dead
+        (True, 6, False),  # presence renewed (the row write lags, e.g. a slow database): alive
+        (False, 1, False),  # row fresh, presence gone (the store lost its keys): not yet dead
+        (True, 1, False),
+    ],
+)
+def test_a_node_is_dead_when_its_presence_expired_and_its_row_is_as_old(present, row_age_s, dead):
+    make_node("node-x", heartbeat=NOW - row_age_s * SECOND)
+    job = make_job()
+    running = add_execution(job, slot=NOW - MINUTE, status=S.RUNNING, node="node-x")
+
+    result = reap_dead_nodes(
+        term=TERM, now=NOW, dead_after=DEAD_AFTER, live={"node-x"} if present else set()
+    )
+
+    assert result.dead_nodes == (["node-x"] if dead else [])
+    running.refresh_from_db()
+    assert running.status == (S.LOST if dead else S.RUNNING)
 
 
 @pytest.mark.parametrize(("max_retries", "expect_retry"), [(0, False), (1, True), (3, True)])
@@ -529,7 +565,7 @@ def test_a_silent_node_is_marked_dead_and_its_running_work_is_lost(max_retries, 
         job, slot=NOW - MINUTE, status=S.RUNNING, node="live-node", claim_token="token-b"
     )
 
-    result = reap_dead_nodes(term=TERM, now=NOW, dead_after=DEAD_AFTER)
+    result = reap_dead_nodes(term=TERM, now=NOW, dead_after=DEAD_AFTER, live=LIVE)
 
     assert result.dead_nodes == ["dead-node"]
     assert result.lost == 1
@@ -562,7 +598,7 @@ def test_a_dead_nodes_claimed_but_unstarted_work_goes_back_to_the_queue():
         job, slot=NOW + MINUTE, status=S.PENDING, node="live-node", claim_token="t-2"
     )
 
-    result = reap_dead_nodes(term=TERM, now=NOW, dead_after=DEAD_AFTER)
+    result = reap_dead_nodes(term=TERM, now=NOW, dead_after=DEAD_AFTER, live=LIVE)
 
     assert result.unclaimed == 1
     orphan.refresh_from_db()
@@ -588,7 +624,7 @@ def test_a_run_past_timeout_plus_dead_threshold_on_a_live_node_times_out(running
         started_at=NOW - running_for * SECOND,
     )
 
-    result = reap_dead_nodes(term=TERM, now=NOW, dead_after=DEAD_AFTER)
+    result = reap_dead_nodes(term=TERM, now=NOW, dead_after=DEAD_AFTER, live=LIVE)
 
     execution.refresh_from_db()
     assert execution.status == status
@@ -624,7 +660,7 @@ def test_the_dead_nodes_last_term_ends_as_node_died():
         end_reason=TermEndReason.LEASE_LOST,
     )
 
-    reap_dead_nodes(term=8, now=NOW, dead_after=DEAD_AFTER)
+    reap_dead_nodes(term=8, now=NOW, dead_after=DEAD_AFTER, live=LIVE)
 
     for term, reason in (
         (last, TermEndReason.NODE_DIED),

@@ -30,6 +30,7 @@ LEGAL = {
     (S.RUNNING, S.TIMED_OUT),
     (S.RUNNING, S.CANCELLED),
     (S.RUNNING, S.LOST),
+    (S.RUNNING, S.PENDING),  # handed back before its body started
     (S.RETRY_SCHEDULED, S.PENDING),
     (S.RETRY_SCHEDULED, S.CANCELLED),
 }

@@ -16,7 +16,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
+from cluster.apps import limit_idle_transactions
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
 from cluster.node import (
@@ -30,6 +32,10 @@ from cluster.node import (
 
 logger = logging.getLogger("cluster.runnode")
 EXIT_USAGE = 2
+ERR_IDLE_TIMEOUT = (
+    "SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S={idle} must be below the renew deadline "
+    "({deadline} ms): a node frozen inside a transaction would hold the cluster up past a lease"
+)
 
 
 class Command(BaseCommand):
@@ -49,7 +55,12 @@ class Command(BaseCommand):
         parser.add_argument("--renew-deadline-ms", type=int, default=1500)
         parser.add_argument("--retry-period-ms", type=int, default=250)
         parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_INTERVAL_S)
-        parser.add_argument("--dead-after-s", type=float, default=DEAD_AFTER_S)
+        parser.add_argument(
+            "--dead-after-s",
+            type=float,
+            default=DEAD_AFTER_S,
+            help="Presence TTL: a node silent this long is dead and its work is reaped",
+        )
         parser.add_argument("--lookahead-s", type=float, default=LOOKAHEAD_S)
         parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="Drain grace (s)")
 
@@ -69,8 +80,15 @@ class Command(BaseCommand):
                     retry_period_ms=options["retry_period_ms"],
                 ),
             )
+            idle_s = settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S
+            if idle_s and idle_s * 1000 >= config.election.renew_deadline_ms:
+                raise ValueError(
+                    ERR_IDLE_TIMEOUT.format(idle=idle_s, deadline=config.election.renew_deadline_ms)
+                )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        limit_idle_transactions(settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S)
+        connections.close_all()  # reopened with the limit
         backend = get_backend(options["coordination"])
         node = NodeRunner(config, backend)
         drain_requested = threading.Event()
