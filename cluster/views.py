@@ -40,7 +40,7 @@ def cluster_payload() -> dict[str, Any]:
 
 def liveness_thresholds() -> dict[str, float]:
     """Heartbeat ages (seconds) at which the page marks a node late, then presumed dead."""
-    return {"late_s": HEARTBEAT_INTERVAL_S * 4, "dead_s": DEAD_AFTER_S}
+    return {"late_s": HEARTBEAT_INTERVAL_S * 2, "dead_s": DEAD_AFTER_S}
 
 
 @role_required(VIEWER)
