@@ -1,10 +1,10 @@
 """Every node's work: claim pending executions, start each at its due instant, run, record.
 
-Claim: one transaction takes up to ``limit`` due, unclaimed executions of the node's queues
-(``SELECT ... FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB; on SQLite the IMMEDIATE transaction holds the
-database write lock, which serialises claimers) and stamps each with a fresh claim token. Every later
-write on that execution is conditional on the token and the status it leaves, so a stale worker (one
-declared dead, or paused past its claim) changes nothing.
+Claim: one transaction takes up to ``limit`` due, unclaimed executions of the node's queues and stamps
+each with a fresh claim token (``jobs.executions.claim_batch``). Every later write on that execution
+is conditional on the token and the status it leaves (``jobs.executions`` owns them all), so a stale
+worker (one declared dead, or paused past its claim) changes nothing; and no body starts unless the
+node can show its claim still holds (the self-fence, ``cluster.membership``).
 
 Run: ``thread`` isolation runs the task in a thread of this process (fast; a task that overruns its
 timeout is marked ``timed_out`` and abandoned — it cannot be killed); ``process`` isolation runs it in
@@ -22,29 +22,25 @@ import io
 import logging
 import multiprocessing
 import queue
-import random
 import sys
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Q, Value
-from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from cluster.child import run_task
 from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
 from cluster.membership import Liveness, Membership, node_liveness
-from jobs import events, registry
-from jobs.models import MAX_OUTPUT_CHARS, ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
+from jobs import executions, registry
+from jobs.models import ConcurrencyPolicy, Isolation, JobExecution, Trigger
 from jobs.schedules import spread_offset
-from jobs.states import RETRYABLE_STATES, ExecutionStatus, transition
+from jobs.states import ExecutionStatus
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +73,6 @@ REASON_LOCK_LOST = "job lock lost while running"
 REASON_CANCELLED = "cancelled"
 REASON_SHUT_DOWN = "node {node} shut down before the run finished"
 REASON_BLOCKER_GONE = "node {node} is gone (its presence expired) while the run was active"
-REASON_NOT_CONFIRMED = "not started: the node could not confirm its claim"
-RESULT_MAX_CHARS = 64 * 1024
 
 
 def wait_until(instant: float) -> None:
@@ -120,209 +114,6 @@ def _wait_for_start(run: ActiveRun) -> None:
         run.gate.wait(max(0.0, run.due - time.time()) + GATE_SLACK_S)
     else:
         wait_until(run.due)
-
-
-# --- storage operations (each one conditional, each one small) -------------------------------------
-
-
-def claim_executions(
-    *, node_id: str, queues: list[str], limit: int, horizon: datetime
-) -> list[JobExecution]:
-    """Claim up to ``limit`` pending, unclaimed executions due before ``horizon``."""
-    if limit <= 0:
-        return []
-    prefix = f"{uuid.uuid4().hex[:16]}-"
-    now = timezone.now()
-    due = JobExecution.objects.filter(
-        status=S.PENDING, claim_token__isnull=True, queue__in=queues, run_after__lte=horizon
-    )
-    # Look before taking locks: most polls find nothing, and on SQLite a write transaction takes
-    # the one database-wide write lock.
-    if not due.exists():
-        return []
-    with transaction.atomic():
-        candidates = due.order_by("-priority", "run_after", "pk")
-        if connection.features.has_select_for_update_skip_locked:
-            candidates = candidates.select_for_update(skip_locked=True)
-        ids = list(candidates.values_list("pk", flat=True)[:limit])
-        if not ids:
-            return []
-        # One UPDATE for the batch; each row gets its own token "<batch>-<id>". The claim_token IS
-        # NULL condition makes a row claimed by someone else in the meantime drop out.
-        JobExecution.objects.filter(pk__in=ids, status=S.PENDING, claim_token__isnull=True).update(
-            claim_token=Concat(
-                Value(prefix), Cast("pk", output_field=JobExecution._meta.get_field("node"))
-            ),
-            node=node_id,
-            claimed_at=now,
-        )
-        return list(
-            JobExecution.objects.select_related("job").filter(
-                pk__in=ids, claim_token__startswith=prefix, node=node_id
-            )
-        )
-
-
-def unclaim(execution: JobExecution) -> bool:
-    """Hand a claimed, unstarted execution back to the queue."""
-    return bool(
-        JobExecution.objects.filter(
-            pk=execution.pk, status=S.PENDING, claim_token=execution.claim_token
-        ).update(claim_token=None, node="", claimed_at=None)
-    )
-
-
-def hand_back_unstarted(execution_id: int, *, claim_token: str, job_id: int) -> bool:
-    """running -> pending for a run marked running ahead of its instant whose body never started
-    (its node could not confirm its claim). Conditional on the claim token: a run the cluster has
-    already declared lost or handed to another node is left alone."""
-    won = transition(
-        execution_id,
-        source=S.RUNNING,
-        target=S.PENDING,
-        claim_token=claim_token,
-        claim_token_new=None,
-        node="",
-        claimed_at=None,
-        started_at=None,
-    )
-    if won:
-        events.send_after_commit(
-            events.execution_changed, execution_id=execution_id, job_id=job_id, status=S.PENDING
-        )
-    return won
-
-
-def backoff_delay(job: Job, attempt: int, rng: random.Random | None = None) -> float:
-    """Seconds before attempt ``attempt + 1``: base * factor^(attempt-1), capped, with full jitter
-    between half and all of it when enabled."""
-    delay = min(
-        job.retry_backoff_max, job.retry_backoff_base * job.retry_backoff_factor ** (attempt - 1)
-    )
-    if job.retry_jitter:
-        delay *= 0.5 + (rng or random).random() * 0.5
-    return delay
-
-
-def create_retry_if_allowed(execution: JobExecution, *, now: datetime) -> JobExecution | None:
-    """After a failure/timeout/loss: the next attempt, in ``retry_scheduled``, if policy allows."""
-    job = execution.job
-    if execution.attempt > job.max_retries:
-        return None
-    delay = backoff_delay(job, execution.attempt)
-    retry, created = JobExecution.objects.get_or_create(
-        job_id=execution.job_id,
-        scheduled_for=execution.scheduled_for,
-        attempt=execution.attempt + 1,
-        defaults={
-            "trigger": Trigger.RETRY,
-            "status": S.RETRY_SCHEDULED,
-            "run_after": now + timedelta(seconds=delay),
-            "queue": job.queue,
-            "priority": job.priority,
-            "term": execution.term,
-        },
-    )
-    return retry if created else None
-
-
-def _bounded(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
-    """At most ``limit`` characters, and always storable: lone surrogates (a file name that was
-    not UTF-8, decoded with os.fsdecode) become backslash escapes instead of failing the write."""
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[:limit] + "\n...[truncated]"
-
-
-def _jsonable_result(value: Any) -> Any:
-    import json
-
-    try:
-        # allow_nan=False: NaN/Infinity are not JSON, and the database's JSON column refuses them.
-        encoded = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return {"repr": _bounded(repr(value), RESULT_MAX_CHARS)}
-    if len(encoded) > RESULT_MAX_CHARS:
-        return {"truncated": encoded[:RESULT_MAX_CHARS]}
-    return value
-
-
-def record_outcome(
-    execution: JobExecution,
-    *,
-    status: str,
-    now: datetime,
-    result: Any = None,
-    error: str = "",
-    tb: str = "",
-    output: str = "",
-    reason: str = "",
-    started: float | None = None,
-) -> bool:
-    """running -> status, conditional on the claim token, plus the next attempt when the outcome
-    allows one. Call inside a transaction. False when the writer no longer owns the run (fenced).
-    ``started`` is the wall time the task body actually began, when known."""
-    started_at = datetime.fromtimestamp(started, tz=UTC) if started else execution.started_at
-    started_at = started_at or now
-    won = transition(
-        execution.pk,
-        source=S.RUNNING,
-        target=status,
-        claim_token=execution.claim_token,
-        started_at=started_at,
-        finished_at=now,
-        duration_ms=(now - started_at).total_seconds() * 1000,
-        result=_jsonable_result(result),
-        error=_bounded(error, 8192),
-        traceback=_bounded(tb),
-        output=_bounded(output),
-        reason=reason[:255],
-    )
-    if won and status in RETRYABLE_STATES:
-        create_retry_if_allowed(execution, now=now)
-    if won:
-        events.send_after_commit(
-            events.execution_changed,
-            execution_id=execution.pk,
-            job_id=execution.job_id,
-            status=status,
-        )
-    else:
-        logger.warning(
-            "fenced: execution %s is no longer ours (claim %s); outcome %s dropped",
-            execution.pk,
-            execution.claim_token,
-            status,
-            extra={"execution": execution.pk, "claim_token": execution.claim_token},
-        )
-    return won
-
-
-def end_running(execution: JobExecution, *, status: str, reason: str, now: datetime) -> bool:
-    """End a run its worker can no longer report on (node dead, stuck, drained): running -> lost
-    or timed_out, and the next attempt when policy allows. Call inside a transaction."""
-    won = transition(
-        execution.pk,
-        source=S.RUNNING,
-        target=status,
-        claim_token=execution.claim_token,
-        finished_at=now,
-        reason=reason[:255],
-    )
-    if won:
-        create_retry_if_allowed(execution, now=now)
-        events.send_after_commit(
-            events.execution_changed,
-            execution_id=execution.pk,
-            job_id=execution.job_id,
-            status=status,
-        )
-    return won
-
-
-def finish_execution(execution: JobExecution, **outcome: Any) -> bool:
-    """``record_outcome`` in a transaction of its own."""
-    with transaction.atomic():
-        return record_outcome(execution, **outcome)
 
 
 # --- running a task ---------------------------------------------------------------------------------
@@ -510,8 +301,12 @@ class Executor:
             return 0
         epoch = self.membership.epoch
         horizon = timezone.now() + timedelta(seconds=self.lookahead_s)
-        claimed = claim_executions(
-            node_id=self.node_id, queues=self.queues, limit=free, horizon=horizon
+        claimed = executions.claim_batch(
+            node_id=self.node_id,
+            queues=self.queues,
+            limit=free,
+            horizon=horizon,
+            now=timezone.now(),
         )
         if claimed:
             with self._lock:
@@ -537,7 +332,7 @@ class Executor:
             self._timer_heap.clear()
         count = 0
         for execution in pending:
-            if unclaim(execution):
+            if executions.hand_back(execution):
                 count += 1
             with self._lock:
                 self._claimed.discard(execution.pk)
@@ -646,7 +441,7 @@ class Executor:
             for item, lock in fast:
                 if lock is not None:
                     self._release_lock(lock)
-                unclaim(item.execution)
+                executions.hand_back(item.execution)
                 self._forget(item.execution.pk)
             return
         by_due: dict[float, list[tuple[_Scheduled, LockWatchdog | None]]] = {}
@@ -654,21 +449,11 @@ class Executor:
             by_due.setdefault(item.due, []).append((item, lock))
         won: set[int] = set()
         for due, group in by_due.items():
-            condition = Q()
-            for item, _ in group:
-                condition |= Q(pk=item.execution.pk, claim_token=item.execution.claim_token)
-            planned = datetime.fromtimestamp(max(due, time.time()), tz=UTC)
             # Marked running just before the due instant, all in one statement; a row cancelled
             # or taken meanwhile does not match and its run does not start.
-            JobExecution.objects.filter(condition, status=S.PENDING).update(
-                status=S.RUNNING, started_at=planned
-            )
-            ids = [item.execution.pk for item, _ in group]
-            tokens = [item.execution.claim_token for item, _ in group]
-            won |= set(
-                JobExecution.objects.filter(
-                    pk__in=ids, status=S.RUNNING, claim_token__in=tokens
-                ).values_list("pk", flat=True)
+            won |= executions.start_batch(
+                [item.execution for item, _ in group],
+                planned=datetime.fromtimestamp(max(due, time.time()), tz=UTC),
             )
         # One gate per due instant: a single thread waits for the instant and opens it, and every
         # task due then is released together (many threads spinning on the clock would fight
@@ -682,7 +467,6 @@ class Executor:
                     self._release_lock(lock)
                 self._forget(execution.pk)
                 continue
-            execution.started_at = datetime.fromtimestamp(max(item.due, time.time()), tz=UTC)
             run = ActiveRun(execution=execution, due=item.due, lock=lock, epoch=item.epoch)
             if item.due not in gates:
                 gates[item.due] = threading.Event()
@@ -708,12 +492,6 @@ class Executor:
         with self._lock:
             self._claimed.discard(run.execution.pk)
             self._active[run.execution.pk] = run
-        events.send_after_commit(
-            events.execution_changed,
-            execution_id=run.execution.pk,
-            job_id=run.execution.job_id,
-            status=S.RUNNING,
-        )
 
     def _run_slow(self, execution: JobExecution, due: float, epoch: int) -> None:
         """One execution that needs waiting: a held forbid lock, or a buffer_one job's turn."""
@@ -728,7 +506,7 @@ class Executor:
                 return
             if isinstance(lock, str):
                 if lock == HAND_BACK:
-                    unclaim(execution)
+                    executions.hand_back(execution)
                 else:
                     self._skip(execution, lock)
                 self._forget(execution.pk)
@@ -738,13 +516,8 @@ class Executor:
             and self._active_blocker(execution) is not None
         ):
             # Wait for the running one: hand it back, to be claimed again a little later.
-            JobExecution.objects.filter(
-                pk=execution.pk, status=S.PENDING, claim_token=execution.claim_token
-            ).update(
-                claim_token=None,
-                node="",
-                claimed_at=None,
-                run_after=timezone.now() + timedelta(seconds=BUFFER_RECHECK_S),
+            executions.hand_back(
+                execution, run_after=timezone.now() + timedelta(seconds=BUFFER_RECHECK_S)
             )
             self._forget(execution.pk)
             return
@@ -753,23 +526,16 @@ class Executor:
             # Draining: a run that has not started goes back to the queue for another node.
             if lock is not None:
                 self._release_lock(lock)
-            unclaim(execution)
+            executions.hand_back(execution)
             self._forget(execution.pk)
             return
         planned_start = datetime.fromtimestamp(max(due, time.time()), tz=UTC)
-        if not transition(
-            execution.pk,
-            source=S.PENDING,
-            target=S.RUNNING,
-            claim_token=execution.claim_token,
-            started_at=planned_start,
-        ):
+        if not executions.start_batch([execution], planned=planned_start):
             logger.info("execution %s was cancelled or taken before it started", execution.pk)
             if lock is not None:
                 self._release_lock(lock)
             self._forget(execution.pk)
             return
-        execution.started_at = planned_start
         run = ActiveRun(execution=execution, due=due, lock=lock, epoch=epoch)
         self._activate(run)
         if job.isolation == Isolation.PROCESS:
@@ -795,13 +561,8 @@ class Executor:
             LOCK_UNAVAILABLE_RETRY_S,
             extra={"execution": execution.pk},
         )
-        JobExecution.objects.filter(
-            pk=execution.pk, status=S.PENDING, claim_token=execution.claim_token
-        ).update(
-            claim_token=None,
-            node="",
-            claimed_at=None,
-            run_after=timezone.now() + timedelta(seconds=LOCK_UNAVAILABLE_RETRY_S),
+        executions.hand_back(
+            execution, run_after=timezone.now() + timedelta(seconds=LOCK_UNAVAILABLE_RETRY_S)
         )
 
     def _active_blocker(self, execution: JobExecution) -> Blocker | None:
@@ -837,7 +598,7 @@ class Executor:
             )
             if state == Liveness.GONE:
                 with transaction.atomic():
-                    end_running(
+                    executions.end_running(
                         other,
                         status=S.LOST,
                         reason=REASON_BLOCKER_GONE.format(node=other.node or "?"),
@@ -907,20 +668,7 @@ class Executor:
             )
 
     def _skip(self, execution: JobExecution, reason: str) -> None:
-        if transition(
-            execution.pk,
-            source=S.PENDING,
-            target=S.SKIPPED,
-            claim_token=execution.claim_token,
-            finished_at=timezone.now(),
-            reason=reason,
-        ):
-            events.send_after_commit(
-                events.execution_changed,
-                execution_id=execution.pk,
-                job_id=execution.job_id,
-                status=S.SKIPPED,
-            )
+        executions.skip(execution, reason=reason, now=timezone.now())
 
     # --- running the task ----------------------------------------------------------------------------
     def _context(self, run: ActiveRun) -> registry.TaskContext:
@@ -1070,9 +818,7 @@ class Executor:
         execution = run.execution
         handed_back = False
         try:
-            handed_back = hand_back_unstarted(
-                execution.pk, claim_token=execution.claim_token, job_id=execution.job_id
-            )
+            handed_back = executions.hand_back_unstarted(execution)
         except Exception:
             logger.exception("could not hand back execution %s", execution.pk)
         finally:
@@ -1198,7 +944,7 @@ class Executor:
             )
 
     def _write_one(self, outcome: _Outcome, now: datetime) -> bool:
-        return record_outcome(
+        return executions.finish(
             outcome.run.execution,
             status=outcome.status,
             now=now,
@@ -1271,7 +1017,7 @@ class Executor:
             if run.process is not None and run.process.is_alive():
                 run.process.kill()
             with transaction.atomic():
-                if end_running(
+                if executions.end_running(
                     run.execution,
                     status=S.LOST,
                     reason=REASON_SHUT_DOWN.format(node=self.node_id),

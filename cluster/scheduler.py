@@ -30,14 +30,13 @@ from django.utils import timezone
 
 from cluster.fencing import fenced_transaction
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
-from jobs import schedules
+from jobs import executions, schedules
 from jobs.models import (
     ConcurrencyPolicy,
     Job,
     JobExecution,
     MisfirePolicy,
     ScheduleType,
-    Trigger,
 )
 from jobs.states import ExecutionStatus
 
@@ -119,26 +118,6 @@ def _missed_slots(
     return list(recent), walked + skipped_over + tail
 
 
-def _execution(
-    job: Job, slot: datetime, *, term: int, now: datetime, status: str, reason: str = ""
-) -> JobExecution:
-    offset = schedules.spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
-    finished = now if status == ExecutionStatus.SKIPPED else None
-    return JobExecution(
-        job_id=job.pk,
-        scheduled_for=slot,
-        attempt=1,
-        trigger=Trigger.SCHEDULE,
-        status=status,
-        run_after=slot + timedelta(seconds=offset),
-        queue=job.queue,
-        priority=job.priority,
-        term=term,
-        reason=reason,
-        finished_at=finished,
-    )
-
-
 def _plan_job(
     job: Job,
     *,
@@ -171,12 +150,12 @@ def _plan_job(
         unrecorded = total - len(run) - len(recorded)
         result.unrecorded_misses += unrecorded
         rows += [
-            _execution(job, s, term=term, now=now, status=ExecutionStatus.SKIPPED, reason=reason)
+            executions.new_fire(
+                job, s, term=term, now=now, status=ExecutionStatus.SKIPPED, reason=reason
+            )
             for s in recorded
         ]
-        rows += [
-            _execution(job, s, term=term, now=now, status=ExecutionStatus.PENDING) for s in run
-        ]
+        rows += [executions.new_fire(job, s, term=term, now=now) for s in run]
         if unrecorded:
             logger.warning(
                 "job %s missed %d slots; the newest %d recorded as skipped",
@@ -191,7 +170,7 @@ def _plan_job(
     while slot is not None and slot <= horizon and fires < MAX_FIRES_PER_JOB_PER_TICK:
         if job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE and running and waiting:
             rows.append(
-                _execution(
+                executions.new_fire(
                     job,
                     slot,
                     term=term,
@@ -201,7 +180,7 @@ def _plan_job(
                 )
             )
         else:
-            rows.append(_execution(job, slot, term=term, now=now, status=ExecutionStatus.PENDING))
+            rows.append(executions.new_fire(job, slot, term=term, now=now))
             waiting = waiting or running
             job.last_fire_at = slot
         fires += 1
@@ -262,23 +241,19 @@ def scheduler_tick(
                     waiting=job.pk in waiting_jobs,
                     result=result,
                 )
-            created = JobExecution.objects.bulk_create(rows)
+            created = executions.create_fires(rows)
             for job in jobs:
                 job.updated_at = now  # "the row changed": the dashboard streams next/last fire
             Job.objects.bulk_update(jobs, ["next_fire_at", "last_fire_at", "updated_at"])
             replace_ids = [j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.REPLACE]
             if replace_ids:
-                JobExecution.objects.filter(
-                    job_id__in=replace_ids, status=ExecutionStatus.RUNNING, cancel_requested=False
-                ).update(cancel_requested=True, reason=REASON_REPLACED)
+                executions.request_cancel_jobs(replace_ids, reason=REASON_REPLACED)
             result.jobs = len(jobs)
             result.fired = sum(r.status == ExecutionStatus.PENDING for r in created)
             result.skipped = len(created) - result.fired
             result.fired_ids = [r.pk for r in created if r.status == ExecutionStatus.PENDING]
             result.more = len(jobs) == batch_size
-        result.promoted = JobExecution.objects.filter(
-            status=ExecutionStatus.RETRY_SCHEDULED, run_after__lte=horizon
-        ).update(status=ExecutionStatus.PENDING)
+        result.promoted = executions.promote_due_retries(horizon=horizon)
     return result
 
 
@@ -312,8 +287,6 @@ def reap_dead_nodes(
     so work taken here can no longer start there. The row's age is a second condition, never the
     only one: a coordination store that lost every key (a Redis restart) must not kill live nodes.
     """
-    from cluster.executor import end_running
-
     result = ReapResult()
     cutoff = now - dead_after
     silent = SchedulerNode.objects.filter(
@@ -354,16 +327,14 @@ def reap_dead_nodes(
             )
             for execution in running:
                 reason = REASON_NODE_DIED if execution.node in dead else REASON_NODE_STOPPED
-                if end_running(
+                if executions.end_running(
                     execution,
                     status=ExecutionStatus.LOST,
                     reason=reason.format(node=execution.node),
                     now=now,
                 ):
                     result.lost += 1
-            result.unclaimed = JobExecution.objects.filter(
-                node__in=gone, status=ExecutionStatus.PENDING
-            ).update(claim_token=None, node="", claimed_at=None)
+            result.unclaimed = executions.hand_back_nodes(gone)
         stuck = list(
             JobExecution.objects.select_related("job").filter(
                 status=ExecutionStatus.RUNNING, job__timeout_seconds__isnull=False
@@ -372,7 +343,7 @@ def reap_dead_nodes(
         for execution in stuck:
             limit = timedelta(seconds=execution.job.timeout_seconds) + dead_after
             if execution.started_at and now - execution.started_at > limit:
-                if end_running(
+                if executions.end_running(
                     execution, status=ExecutionStatus.TIMED_OUT, reason=REASON_STUCK, now=now
                 ):
                     result.stuck += 1

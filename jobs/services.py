@@ -13,9 +13,9 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs import events, schedules
+from jobs import events, executions, schedules
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
-from jobs.states import RETRYABLE_STATES, ExecutionStatus, transition
+from jobs.states import RETRYABLE_STATES, ExecutionStatus
 from jobs.validation import JOB_DEFAULTS, WRITABLE_FIELDS, JobValidationError, clean_job
 
 ERR_VERSION_CONFLICT = (
@@ -297,16 +297,8 @@ def job_trigger(*, job_id: int, by: Actor, now: datetime | None = None) -> JobEx
     trigger = Trigger.API if by.source == AuditSource.API else Trigger.MANUAL
     with transaction.atomic():
         job = Job.objects.get(pk=job_id)
-        execution = JobExecution.objects.create(
-            job=job,
-            scheduled_for=now,
-            attempt=1,
-            trigger=trigger,
-            status=ExecutionStatus.PENDING,
-            run_after=now,
-            queue=job.queue,
-            priority=job.priority,
-            triggered_by=by.user_or_none,
+        execution = executions.create_manual_run(
+            job, trigger=trigger, now=now, triggered_by=by.user_or_none
         )
         audit_record(
             by=by,
@@ -317,12 +309,6 @@ def job_trigger(*, job_id: int, by: Actor, now: datetime | None = None) -> JobEx
             changes={"execution": [None, execution.pk]},
         )
         events.send_after_commit(events.job_changed, job_id=job_id, change="triggered")
-        events.send_after_commit(
-            events.execution_changed,
-            execution_id=execution.pk,
-            job_id=job_id,
-            status=execution.status,
-        )
     return execution
 
 
@@ -334,19 +320,9 @@ def execution_cancel(*, execution_id: int, by: Actor, now: datetime | None = Non
         execution = JobExecution.objects.select_related("job").get(pk=execution_id)
         status = execution.status
         if status in (ExecutionStatus.PENDING, ExecutionStatus.RETRY_SCHEDULED):
-            won = transition(
-                execution_id,
-                source=status,
-                target=ExecutionStatus.CANCELLED,
-                finished_at=now,
-                reason=reason,
-            )
+            won = executions.cancel_waiting(execution, reason=reason, now=now)
         elif status == ExecutionStatus.RUNNING:
-            won = bool(
-                JobExecution.objects.filter(pk=execution_id, status=status).update(
-                    cancel_requested=True, reason=reason
-                )
-            )
+            won = executions.request_cancel(execution, reason=reason)
         else:
             won = False
         if not won:
@@ -363,12 +339,6 @@ def execution_cancel(*, execution_id: int, by: Actor, now: datetime | None = Non
             else {"cancel_requested": [False, True]},
         )
         execution.refresh_from_db()
-        events.send_after_commit(
-            events.execution_changed,
-            execution_id=execution_id,
-            job_id=execution.job_id,
-            status=execution.status,
-        )
     return execution
 
 
@@ -390,16 +360,8 @@ def execution_retry(*, execution_id: int, by: Actor, now: datetime | None = None
             )
             if latest != original.attempt:
                 raise ActionNotAllowed(ERR_ALREADY_RETRIED)
-            retry = JobExecution.objects.create(
-                job_id=original.job_id,
-                scheduled_for=original.scheduled_for,
-                attempt=original.attempt + 1,
-                trigger=Trigger.RETRY,
-                status=ExecutionStatus.PENDING,
-                run_after=now,
-                queue=original.job.queue,
-                priority=original.job.priority,
-                triggered_by=by.user_or_none,
+            retry = executions.create_retry_now(
+                original, run_after=now, triggered_by=by.user_or_none
             )
             audit_record(
                 by=by,
@@ -408,12 +370,6 @@ def execution_retry(*, execution_id: int, by: Actor, now: datetime | None = None
                 object_id=execution_id,
                 object_repr=str(original),
                 changes={"retry": [None, retry.pk]},
-            )
-            events.send_after_commit(
-                events.execution_changed,
-                execution_id=retry.pk,
-                job_id=retry.job_id,
-                status=retry.status,
             )
     except IntegrityError as exc:
         # Two retries raced for the same attempt number: the unique constraint let one through.

@@ -12,13 +12,12 @@ so the attempt chain stays readable and the unique (job, scheduled_for, attempt)
 Rows may also be *created* directly in ``pending`` (a fire), ``retry_scheduled`` (a retry) or
 ``skipped`` (a slot deliberately not run, with its reason).
 
-Every write of a transition is a conditional UPDATE on the status it leaves and, where the writer holds
-one, on its claim token: a stale writer matches no row and changes nothing.
+This module is the table and its check only; every write of a transition lives in
+``jobs.executions``, a conditional UPDATE on the status it leaves and, where the writer holds one, on
+its claim token: a stale writer matches no row and changes nothing.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from django.db import models
 
@@ -75,36 +74,3 @@ def check_transition(source: str, target: str) -> None:
         raise ValueError(ERR_UNKNOWN_STATUS.format(status=target))
     if target not in TRANSITIONS[source]:
         raise IllegalTransition(source, target)
-
-
-_ANY_TOKEN = object()
-
-
-def transition(
-    execution_id: int,
-    *,
-    source: str,
-    target: str,
-    claim_token: Any = _ANY_TOKEN,
-    **fields: Any,
-) -> bool:
-    """Move one execution from ``source`` to ``target``; return whether this writer won.
-
-    The UPDATE matches only while the row is still in ``source`` and, when ``claim_token`` is given,
-    still carries that token (``None`` means "unclaimed"). Zero rows means another writer got there
-    first or this writer is stale; nothing is changed then.
-    """
-    from jobs.models import JobExecution
-
-    check_transition(source, target)
-    filters: dict[str, Any] = {"pk": execution_id, "status": source}
-    if claim_token is not _ANY_TOKEN:
-        if claim_token is None:
-            filters["claim_token__isnull"] = True
-        else:
-            filters["claim_token"] = claim_token
-    if "claim_token_new" in fields:
-        # The filter names the token the writer holds; the row may get another (or none).
-        fields["claim_token"] = fields.pop("claim_token_new")
-    updated = JobExecution.objects.filter(**filters).update(status=target, **fields)
-    return updated == 1

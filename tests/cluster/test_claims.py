@@ -11,10 +11,10 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from cluster.executor import backoff_delay, claim_executions, finish_execution, unclaim
+from jobs.executions import backoff_delay, claim_batch, finish, hand_back
 from jobs.models import Job, JobExecution, Trigger
 from jobs.services import SYSTEM, job_create
 from jobs.states import ExecutionStatus
@@ -53,12 +53,19 @@ def add_execution(
     )
 
 
+def finish_execution(execution: JobExecution, **outcome: object) -> bool:
+    """An outcome written in a transaction of its own, as the finisher does."""
+    with transaction.atomic():
+        return finish(execution, **outcome)
+
+
 def claim(*, queues: tuple[str, ...] = ("default",), limit: int = 10, horizon=None):
-    return claim_executions(
+    return claim_batch(
         node_id=NODE,
         queues=list(queues),
         limit=limit,
         horizon=horizon or timezone.now() + SECOND,
+        now=timezone.now(),
     )
 
 
@@ -76,11 +83,12 @@ def test_fifty_concurrent_claimers_of_one_execution_exactly_one_wins():
     def claimer(index: int) -> None:
         try:
             barrier.wait(timeout=THREAD_JOIN_TIMEOUT_S)
-            claimed[index] = claim_executions(
+            claimed[index] = claim_batch(
                 node_id=f"claimer-{index}",
                 queues=["default"],
                 limit=1,
                 horizon=timezone.now() + SECOND,
+                now=timezone.now(),
             )
         except BaseException as exc:  # reported below; a thread's exception is otherwise lost
             errors.append(exc)
@@ -197,14 +205,14 @@ def test_claimed_rows_are_not_claimed_again_until_unclaimed():
     assert len(got) == 2
     assert claim() == []
 
-    assert unclaim(next(e for e in got if e.pk == first.pk)) is True
+    assert hand_back(next(e for e in got if e.pk == first.pk)) is True
     first.refresh_from_db()
     assert (first.claim_token, first.node, first.claimed_at) == (None, "", None)
     [again] = claim()
     assert again.pk == first.pk
     # The old claim is void: unclaiming with it changes nothing.
     stale = next(e for e in got if e.pk == first.pk)
-    assert unclaim(stale) is False
+    assert hand_back(stale) is False
     first.refresh_from_db()
     assert first.claim_token == again.claim_token
 
@@ -215,7 +223,7 @@ def test_unclaim_of_a_started_execution_changes_nothing():
     [claimed] = claim()
     JobExecution.objects.filter(pk=execution.pk).update(status=S.RUNNING)
 
-    assert unclaim(claimed) is False
+    assert hand_back(claimed) is False
     execution.refresh_from_db()
     assert (execution.status, execution.claim_token) == (S.RUNNING, claimed.claim_token)
 

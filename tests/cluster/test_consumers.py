@@ -24,9 +24,10 @@ from django.utils import timezone
 
 from cluster import live
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from jobs.executions import transition
 from jobs.models import JobExecution
 from jobs.services import SYSTEM, job_create, job_delete, job_trigger, job_update
-from jobs.states import ExecutionStatus, transition
+from jobs.states import ExecutionStatus
 from scheduler_project.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)

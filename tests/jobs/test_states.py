@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from jobs.executions import transition
 from jobs.models import Job, JobExecution
 from jobs.states import (
     ERR_ILLEGAL_TRANSITION,
@@ -17,7 +18,6 @@ from jobs.states import (
     ExecutionStatus,
     IllegalTransition,
     check_transition,
-    transition,
 )
 
 S = ExecutionStatus

@@ -1,0 +1,427 @@
+"""Every write of a JobExecution, in one place.
+
+Creation (a scheduled fire, a manual run, a retry), claiming, starting, handing back, skipping,
+finishing, ending a run its worker can no longer report on, promoting due retries, cancelling. Each
+status change is checked against the state machine (``jobs.states``) and is one conditional UPDATE on
+the status it leaves and, where the writer holds one, its claim token: a stale writer matches no row
+and changes nothing. Each announces itself after commit (``jobs.events``), so nobody sees a state the
+database rolled back.
+
+Callers own the transactions: a function here either runs in the caller's transaction or, where it
+says so, opens its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q, Value
+from django.db.models.functions import Cast, Concat
+
+from jobs import events
+from jobs.models import MAX_OUTPUT_CHARS, Job, JobExecution, Trigger
+from jobs.schedules import spread_offset
+from jobs.states import RETRYABLE_STATES, ExecutionStatus, check_transition
+
+logger = logging.getLogger(__name__)
+
+S = ExecutionStatus
+RESULT_MAX_CHARS = 64 * 1024
+ERROR_MAX_CHARS = 8192
+REASON_MAX_CHARS = 255
+_ANY_TOKEN = object()
+
+
+def announce(*, execution_id: int, job_id: int, status: str) -> None:
+    """Tell the dashboard and the wake-ups that an execution changed, once the transaction commits."""
+    events.send_after_commit(
+        events.execution_changed, execution_id=execution_id, job_id=job_id, status=status
+    )
+
+
+def transition(
+    execution_id: int,
+    *,
+    source: str,
+    target: str,
+    job_id: int | None = None,
+    claim_token: Any = _ANY_TOKEN,
+    **fields: Any,
+) -> bool:
+    """Move one execution from ``source`` to ``target``; return whether this writer won.
+
+    The UPDATE matches only while the row is still in ``source`` and, when ``claim_token`` is given,
+    still carries that token (``None`` means "unclaimed"). Zero rows means another writer got there
+    first or this writer is stale; nothing is changed then. ``claim_token_new`` in ``fields`` sets
+    the row's token (the filter names the one the writer holds). Announced when ``job_id`` is given.
+    """
+    check_transition(source, target)
+    filters: dict[str, Any] = {"pk": execution_id, "status": source}
+    if claim_token is not _ANY_TOKEN:
+        if claim_token is None:
+            filters["claim_token__isnull"] = True
+        else:
+            filters["claim_token"] = claim_token
+    if "claim_token_new" in fields:
+        fields["claim_token"] = fields.pop("claim_token_new")
+    won = JobExecution.objects.filter(**filters).update(status=target, **fields) == 1
+    if won and job_id is not None:
+        announce(execution_id=execution_id, job_id=job_id, status=target)
+    return won
+
+
+# --- creation -----------------------------------------------------------------------------------------
+
+
+def new_fire(
+    job: Job, slot: datetime, *, term: int, now: datetime, status: str = S.PENDING, reason: str = ""
+) -> JobExecution:
+    """A scheduled fire of ``job`` for ``slot`` (unsaved; ``create_fires`` stores a batch)."""
+    if status not in (S.PENDING, S.SKIPPED):
+        raise ValueError(f"a fire is created pending or skipped, not {status}")
+    offset = spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
+    return JobExecution(
+        job_id=job.pk,
+        scheduled_for=slot,
+        attempt=1,
+        trigger=Trigger.SCHEDULE,
+        status=status,
+        run_after=slot + timedelta(seconds=offset),
+        queue=job.queue,
+        priority=job.priority,
+        term=term,
+        reason=reason[:REASON_MAX_CHARS],
+        finished_at=now if status == S.SKIPPED else None,
+    )
+
+
+def create_fires(rows: list[JobExecution]) -> list[JobExecution]:
+    """Store a batch of fires in one statement (inside the leader's fenced transaction). Not
+    announced one by one: the leader wakes the nodes once per batch, and the dashboard reads rows
+    by their update time."""
+    return JobExecution.objects.bulk_create(rows)
+
+
+def create_manual_run(
+    job: Job, *, trigger: str, now: datetime, triggered_by: Any = None
+) -> JobExecution:
+    """A run of ``job`` outside its schedule, due now (run now, the API's trigger)."""
+    execution = JobExecution.objects.create(
+        job=job,
+        scheduled_for=now,
+        attempt=1,
+        trigger=trigger,
+        status=S.PENDING,
+        run_after=now,
+        queue=job.queue,
+        priority=job.priority,
+        triggered_by=triggered_by,
+    )
+    announce(execution_id=execution.pk, job_id=job.pk, status=execution.status)
+    return execution
+
+
+def create_retry_now(
+    original: JobExecution, *, run_after: datetime, triggered_by: Any = None
+) -> JobExecution:
+    """An operator's retry: the next attempt of ``original``'s fire slot, pending at once. Raises
+    IntegrityError if that attempt exists already (the unique constraint decides a race)."""
+    job = original.job
+    retry = JobExecution.objects.create(
+        job_id=original.job_id,
+        scheduled_for=original.scheduled_for,
+        attempt=original.attempt + 1,
+        trigger=Trigger.RETRY,
+        status=S.PENDING,
+        run_after=run_after,
+        queue=job.queue,
+        priority=job.priority,
+        term=original.term,
+        triggered_by=triggered_by,
+    )
+    announce(execution_id=retry.pk, job_id=retry.job_id, status=retry.status)
+    return retry
+
+
+def backoff_delay(job: Job, attempt: int, rng: random.Random | None = None) -> float:
+    """Seconds before attempt ``attempt + 1``: base * factor^(attempt-1), capped, with full jitter
+    between half and all of it when enabled."""
+    delay = min(
+        job.retry_backoff_max, job.retry_backoff_base * job.retry_backoff_factor ** (attempt - 1)
+    )
+    if job.retry_jitter:
+        delay *= 0.5 + (rng or random).random() * 0.5
+    return delay
+
+
+def create_retry_if_allowed(execution: JobExecution, *, now: datetime) -> JobExecution | None:
+    """After a failure/timeout/loss: the next attempt, in ``retry_scheduled``, if policy allows."""
+    job = execution.job
+    if execution.attempt > job.max_retries:
+        return None
+    delay = backoff_delay(job, execution.attempt)
+    retry, created = JobExecution.objects.get_or_create(
+        job_id=execution.job_id,
+        scheduled_for=execution.scheduled_for,
+        attempt=execution.attempt + 1,
+        defaults={
+            "trigger": Trigger.RETRY,
+            "status": S.RETRY_SCHEDULED,
+            "run_after": now + timedelta(seconds=delay),
+            "queue": job.queue,
+            "priority": job.priority,
+            "term": execution.term,
+        },
+    )
+    return retry if created else None
+
+
+def promote_due_retries(*, horizon: datetime) -> int:
+    """retry_scheduled -> pending for every retry whose backoff ends before ``horizon``."""
+    check_transition(S.RETRY_SCHEDULED, S.PENDING)
+    return JobExecution.objects.filter(status=S.RETRY_SCHEDULED, run_after__lte=horizon).update(
+        status=S.PENDING
+    )
+
+
+# --- claiming and handing back ------------------------------------------------------------------------
+
+
+def claim_batch(
+    *, node_id: str, queues: list[str], limit: int, horizon: datetime, now: datetime
+) -> list[JobExecution]:
+    """Claim up to ``limit`` pending, unclaimed executions due before ``horizon`` (one transaction;
+    ``SKIP LOCKED`` where the engine has it; on SQLite the write transaction serialises claimers)."""
+    if limit <= 0:
+        return []
+    prefix = f"{uuid.uuid4().hex[:16]}-"
+    due = JobExecution.objects.filter(
+        status=S.PENDING, claim_token__isnull=True, queue__in=queues, run_after__lte=horizon
+    )
+    # Look before taking locks: most polls find nothing, and on SQLite a write transaction takes
+    # the one database-wide write lock.
+    if not due.exists():
+        return []
+    with transaction.atomic():
+        candidates = due.order_by("-priority", "run_after", "pk")
+        if connection.features.has_select_for_update_skip_locked:
+            candidates = candidates.select_for_update(skip_locked=True)
+        ids = list(candidates.values_list("pk", flat=True)[:limit])
+        if not ids:
+            return []
+        # One UPDATE for the batch; each row gets its own token "<batch>-<id>". The claim_token IS
+        # NULL condition makes a row claimed by someone else in the meantime drop out.
+        JobExecution.objects.filter(pk__in=ids, status=S.PENDING, claim_token__isnull=True).update(
+            claim_token=Concat(
+                Value(prefix), Cast("pk", output_field=JobExecution._meta.get_field("node"))
+            ),
+            node=node_id,
+            claimed_at=now,
+        )
+        return list(
+            JobExecution.objects.select_related("job").filter(
+                pk__in=ids, claim_token__startswith=prefix, node=node_id
+            )
+        )
+
+
+def hand_back(execution: JobExecution, *, run_after: datetime | None = None) -> bool:
+    """Give a claimed, unstarted execution back to the queue (drain, a lock service that cannot
+    answer, a buffer_one run waiting its turn), due again at ``run_after`` when given."""
+    fields: dict[str, Any] = {"claim_token": None, "node": "", "claimed_at": None}
+    if run_after is not None:
+        fields["run_after"] = run_after
+    return bool(
+        JobExecution.objects.filter(
+            pk=execution.pk, status=S.PENDING, claim_token=execution.claim_token
+        ).update(**fields)
+    )
+
+
+def hand_back_unstarted(execution: JobExecution) -> bool:
+    """running -> pending for a run marked running ahead of its instant whose body never started
+    (its node could not confirm its claim). Conditional on the claim token: a run the cluster has
+    already declared lost or handed to another node is left alone."""
+    return transition(
+        execution.pk,
+        source=S.RUNNING,
+        target=S.PENDING,
+        job_id=execution.job_id,
+        claim_token=execution.claim_token,
+        claim_token_new=None,
+        node="",
+        claimed_at=None,
+        started_at=None,
+    )
+
+
+def hand_back_nodes(nodes: Iterable[str]) -> int:
+    """Every claimed, unstarted execution of these (dead or stopped) nodes goes back to the queue."""
+    return JobExecution.objects.filter(node__in=list(nodes), status=S.PENDING).update(
+        claim_token=None, node="", claimed_at=None
+    )
+
+
+# --- starting -----------------------------------------------------------------------------------------
+
+
+def start_batch(group: list[JobExecution], *, planned: datetime) -> set[int]:
+    """pending -> running for the runs due together, in one statement, just ahead of their
+    instant (write-ahead: a run may start only once the row says so). Returns the ids that won; a
+    row cancelled or taken meanwhile does not match and must not start."""
+    if not group:
+        return set()
+    check_transition(S.PENDING, S.RUNNING)
+    condition = Q()
+    for execution in group:
+        condition |= Q(pk=execution.pk, claim_token=execution.claim_token)
+    JobExecution.objects.filter(condition, status=S.PENDING).update(
+        status=S.RUNNING, started_at=planned
+    )
+    won = set(
+        JobExecution.objects.filter(
+            pk__in=[e.pk for e in group],
+            status=S.RUNNING,
+            claim_token__in=[e.claim_token for e in group],
+        ).values_list("pk", flat=True)
+    )
+    for execution in group:
+        if execution.pk in won:
+            execution.status, execution.started_at = S.RUNNING, planned
+            announce(execution_id=execution.pk, job_id=execution.job_id, status=S.RUNNING)
+    return won
+
+
+def skip(execution: JobExecution, *, reason: str, now: datetime) -> bool:
+    """pending -> skipped (a claimed run that will not run: forbid, a stale misfire)."""
+    return transition(
+        execution.pk,
+        source=S.PENDING,
+        target=S.SKIPPED,
+        job_id=execution.job_id,
+        claim_token=execution.claim_token,
+        finished_at=now,
+        reason=reason[:REASON_MAX_CHARS],
+    )
+
+
+# --- ending -------------------------------------------------------------------------------------------
+
+
+def bounded_text(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
+    """At most ``limit`` characters, and always storable: lone surrogates (a file name that was
+    not UTF-8, decoded with os.fsdecode) become backslash escapes instead of failing the write."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "\n...[truncated]"
+
+
+def jsonable_result(value: Any) -> Any:
+    try:
+        # allow_nan=False: NaN/Infinity are not JSON, and the database's JSON column refuses them.
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return {"repr": bounded_text(repr(value), RESULT_MAX_CHARS)}
+    if len(encoded) > RESULT_MAX_CHARS:
+        return {"truncated": encoded[:RESULT_MAX_CHARS]}
+    return value
+
+
+def finish(
+    execution: JobExecution,
+    *,
+    status: str,
+    now: datetime,
+    result: Any = None,
+    error: str = "",
+    tb: str = "",
+    output: str = "",
+    reason: str = "",
+    started: float | None = None,
+) -> bool:
+    """running -> status, conditional on the claim token, plus the next attempt when the outcome
+    allows one. Call inside a transaction. False when the writer no longer owns the run (fenced).
+    ``started`` is the wall time the task body actually began, when known."""
+    started_at = datetime.fromtimestamp(started, tz=UTC) if started else execution.started_at
+    started_at = started_at or now
+    won = transition(
+        execution.pk,
+        source=S.RUNNING,
+        target=status,
+        job_id=execution.job_id,
+        claim_token=execution.claim_token,
+        started_at=started_at,
+        finished_at=now,
+        duration_ms=(now - started_at).total_seconds() * 1000,
+        result=jsonable_result(result),
+        error=bounded_text(error, ERROR_MAX_CHARS),
+        traceback=bounded_text(tb),
+        output=bounded_text(output),
+        reason=reason[:REASON_MAX_CHARS],
+    )
+    if won and status in RETRYABLE_STATES:
+        create_retry_if_allowed(execution, now=now)
+    if not won:
+        logger.warning(
+            "fenced: execution %s is no longer ours (claim %s); outcome %s dropped",
+            execution.pk,
+            execution.claim_token,
+            status,
+            extra={"execution": execution.pk, "claim_token": execution.claim_token},
+        )
+    return won
+
+
+def end_running(execution: JobExecution, *, status: str, reason: str, now: datetime) -> bool:
+    """End a run its worker can no longer report on (node dead, stuck, drained, its node gone
+    while it blocked a policy): running -> lost or timed_out, and the next attempt when policy
+    allows. Call inside a transaction."""
+    won = transition(
+        execution.pk,
+        source=S.RUNNING,
+        target=status,
+        job_id=execution.job_id,
+        claim_token=execution.claim_token,
+        finished_at=now,
+        reason=reason[:REASON_MAX_CHARS],
+    )
+    if won:
+        create_retry_if_allowed(execution, now=now)
+    return won
+
+
+def cancel_waiting(execution: JobExecution, *, reason: str, now: datetime) -> bool:
+    """pending | retry_scheduled -> cancelled, whoever holds the claim (an operator's cancel)."""
+    return transition(
+        execution.pk,
+        source=execution.status,
+        target=S.CANCELLED,
+        job_id=execution.job_id,
+        finished_at=now,
+        reason=reason[:REASON_MAX_CHARS],
+    )
+
+
+def request_cancel(execution: JobExecution, *, reason: str) -> bool:
+    """Ask the node running ``execution`` to stop it (it sees the flag on its next heartbeat)."""
+    won = bool(
+        JobExecution.objects.filter(pk=execution.pk, status=S.RUNNING).update(
+            cancel_requested=True, reason=reason[:REASON_MAX_CHARS]
+        )
+    )
+    if won:
+        announce(execution_id=execution.pk, job_id=execution.job_id, status=S.RUNNING)
+    return won
+
+
+def request_cancel_jobs(job_ids: list[int], *, reason: str) -> int:
+    """``replace``: ask every running execution of these jobs to stop, for a newer fire."""
+    return JobExecution.objects.filter(
+        job_id__in=job_ids, status=S.RUNNING, cancel_requested=False
+    ).update(cancel_requested=True, reason=reason[:REASON_MAX_CHARS])
