@@ -34,6 +34,8 @@ from typing import Any
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from cluster import admission
+from cluster.admission import Blocker, Decision, Facts, HandBack, Lock, Skip, Start, Wait
 from cluster.child import run_task
 from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
 from cluster.membership import Liveness, Membership, node_liveness
@@ -54,20 +56,12 @@ SPIN_S = 0.0015
 GATE_SLACK_S = 0.05
 # A body starts only while its job lock stays valid at least this much longer (seconds).
 LOCK_START_MARGIN_S = 0.2
-LOCK_WAIT_POLL_S = 0.1
-LOCK_UNAVAILABLE_RETRY_S = 1.0
-# How often a buffer_one run waiting for the running one looks again.
-BUFFER_RECHECK_S = 0.5
 SUPERVISE_INTERVAL_S = 0.05
 CANCEL_GRACE_S = 2.0
 PROCESS_REAP_S = 2.0
 # Outcomes written in one transaction at most; one commit for many runs.
 FINISH_BATCH = 200
 FINISH_WRITE_ATTEMPTS = 5
-REASON_FORBID = "forbid: previous run still active"
-REASON_MISFIRE_STALE = "misfire: not started within the grace period ({grace} s)"
-REASON_LOCK_WAIT = "misfire: waited for the job lock past the grace period ({grace} s)"
-HAND_BACK = "hand back"
 REASON_TIMEOUT = "exceeded timeout of {seconds} s"
 REASON_LOCK_LOST = "job lock lost while running"
 REASON_CANCELLED = "cancelled"
@@ -92,16 +86,6 @@ def due_instant(execution: JobExecution) -> datetime:
         offset = spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
         return execution.scheduled_for + timedelta(seconds=offset)
     return execution.run_after
-
-
-def _stale(execution: JobExecution, now: float) -> bool:
-    """A scheduled fire that became runnable longer ago than the job's misfire grace (it was
-    created ahead of time, then its node and the leader went away): the scheduler's misfire
-    handling covers the slots after it, so running it too would break the policy."""
-    if execution.trigger != Trigger.SCHEDULE:
-        return False
-    runnable_since = max(execution.run_after, execution.created_at).timestamp()
-    return now - runnable_since > execution.job.misfire_grace_seconds
 
 
 def _open_gate(instant: float, gate: threading.Event) -> None:
@@ -190,16 +174,6 @@ class _Scheduled:
     execution: JobExecution = field(compare=False)
     # The node's membership epoch when it claimed the run: a lapse since voids the claim.
     epoch: int = field(default=0, compare=False)
-
-
-@dataclass(frozen=True)
-class Blocker:
-    """The earliest other RUNNING run of a job whose node is not known to be gone."""
-
-    started_at: datetime | None
-    # Its node renews its presence on time: the run really is active. Otherwise the node stopped
-    # renewing and is about to be declared dead: wait, do not skip on its account.
-    certain: bool
 
 
 @dataclass
@@ -385,25 +359,19 @@ class Executor:
         slow: list[_Scheduled] = []
         now = time.time()
         for item in batch:
-            if _stale(item.execution, now):
-                self._skip(
-                    item.execution,
-                    REASON_MISFIRE_STALE.format(grace=item.execution.job.misfire_grace_seconds),
-                )
-                self._forget(item.execution.pk)
+            facts = self._facts(item.execution, item.due, now)
+            if admission.is_stale(facts):
+                self._apply(item.execution, admission.admit(facts))
                 continue
             policy = item.execution.job.concurrency_policy
             if policy == ConcurrencyPolicy.BUFFER_ONE:
                 slow.append(item)
             elif policy == ConcurrencyPolicy.FORBID:
-                try:
-                    taken = self._take_job_lock(item.execution)
-                except CoordinationError as exc:
-                    self._defer(item.execution, exc)
-                    self._forget(item.execution.pk)
-                    continue
-                if isinstance(taken, LockWatchdog):
+                state, taken = self._try_job_lock(item.execution)
+                if taken is not None:
                     fast.append((item, taken))
+                elif state == Lock.UNAVAILABLE:
+                    self._apply(item.execution, HandBack(admission.LOCK_UNAVAILABLE_RETRY_S))
                 else:
                     slow.append(item)
             else:
@@ -497,29 +465,27 @@ class Executor:
         """One execution that needs waiting: a held forbid lock, or a buffer_one job's turn."""
         job = execution.job
         lock: LockWatchdog | None = None
-        if job.concurrency_policy == ConcurrencyPolicy.FORBID:
-            try:
-                lock = self._acquire_forbid_lock(execution, due)
-            except CoordinationError as exc:
-                self._defer(execution, exc)
-                self._forget(execution.pk)
-                return
-            if isinstance(lock, str):
-                if lock == HAND_BACK:
-                    executions.hand_back(execution)
-                else:
-                    self._skip(execution, lock)
-                self._forget(execution.pk)
-                return
-        elif (
-            job.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE
-            and self._active_blocker(execution) is not None
-        ):
-            # Wait for the running one: hand it back, to be claimed again a little later.
-            executions.hand_back(
-                execution, run_after=timezone.now() + timedelta(seconds=BUFFER_RECHECK_S)
+        while True:
+            state, lock = (
+                self._try_job_lock(execution)
+                if job.concurrency_policy == ConcurrencyPolicy.FORBID
+                else (Lock.NOT_NEEDED, None)
             )
-            self._forget(execution.pk)
+            blocker = self._active_blocker(execution)
+            older = state == Lock.HELD and blocker is None and self._older_run_waiting(execution)
+            decision = admission.admit(
+                self._facts(
+                    execution, due, time.time(), lock=state, blocker=blocker, older_waiting=older
+                )
+            )
+            if isinstance(decision, Start):
+                break
+            if lock is not None:
+                self._release_lock(lock)
+            if isinstance(decision, Wait):
+                time.sleep(decision.seconds)
+                continue
+            self._apply(execution, decision)
             return
         wait_until(due)
         if not self.claiming:
@@ -544,27 +510,6 @@ class Executor:
             self._body_in_thread(run)
 
     # --- forbid and buffer_one ---------------------------------------------------------------------
-    def _take_job_lock(self, execution: JobExecution) -> LockWatchdog | bool:
-        """The job lock, kept alive by a watchdog; False if someone else holds it.
-        Raises CoordinationError when the lock service cannot answer (e.g. no Redlock quorum)."""
-        handle = self.backend.acquire_lock(f"job:{execution.job_id}", self.job_lock_ttl_ms)
-        if handle is None:
-            return False
-        return LockWatchdog(self.backend, handle, self.job_lock_ttl_ms).start()
-
-    def _defer(self, execution: JobExecution, reason: Exception) -> None:
-        """The lock service is down: put the run back (not skipped) and try again later."""
-        logger.warning(
-            "job lock for execution %s unavailable (%s); retrying in %s s",
-            execution.pk,
-            reason,
-            LOCK_UNAVAILABLE_RETRY_S,
-            extra={"execution": execution.pk},
-        )
-        executions.hand_back(
-            execution, run_after=timezone.now() + timedelta(seconds=LOCK_UNAVAILABLE_RETRY_S)
-        )
-
     def _active_blocker(self, execution: JobExecution) -> Blocker | None:
         """The earliest other RUNNING run of the job that may really be active.
 
@@ -605,7 +550,8 @@ class Executor:
                         now=timezone.now(),
                     )
                 continue
-            return Blocker(started_at=other.started_at, certain=state == Liveness.ALIVE)
+            started = other.started_at.timestamp() if other.started_at else None
+            return Blocker(started_at=started, certain=state == Liveness.ALIVE)
         return None
 
     def _older_run_waiting(self, execution: JobExecution) -> bool:
@@ -622,53 +568,48 @@ class Executor:
             .exists()
         )
 
-    def _acquire_forbid_lock(self, execution: JobExecution, due: float) -> LockWatchdog | str:
-        """The job lock for a ``forbid`` run, or why it does not start: a skip reason, or
-        HAND_BACK when the node is draining (the run goes back to the queue, not skipped).
-
-        forbid skips a run when the previous run was already running at the instant this one
-        became due. A previous run that started *after* that instant (both were late, e.g. catching
-        up after a failover) is waited for instead: the runs go one after the other. A lock held
-        while no run is visible belongs to a run about to start, or to a node that died before
-        starting it (the lock expires within JOB_LOCK_TTL_MS). Waiting ends at the job's misfire
-        grace, counted from when the run became runnable (a catch-up run is created late).
-        Raises CoordinationError when the lock service cannot answer.
-        """
-        runnable_since = max(due, execution.created_at.timestamp())
-        give_up = runnable_since + max(execution.job.misfire_grace_seconds, 1)
-        while True:
-            taken = self._take_job_lock(execution)
-            blocker = self._active_blocker(execution)
-            if (
-                blocker is None
-                and isinstance(taken, LockWatchdog)
-                and not self._older_run_waiting(execution)
-            ):
-                return taken
-            if isinstance(taken, LockWatchdog):
-                self._release_lock(taken)
-            # Judged at the due instant, not while preparing: the previous run may end before.
-            # Only a run known to be active skips this one; one on a node that stopped renewing
-            # its presence is waited for (it is about to be declared dead and ended).
-            now = time.time()
-            if (
-                now >= due
-                and blocker is not None
-                and blocker.certain
-                and blocker.started_at is not None
-                and blocker.started_at <= due_instant(execution)
-            ):
-                return REASON_FORBID
-            if not self.claiming:
-                return HAND_BACK
-            if now > give_up:
-                return REASON_LOCK_WAIT.format(grace=execution.job.misfire_grace_seconds)
-            time.sleep(
-                max(0.001, min(LOCK_WAIT_POLL_S, due - now)) if now < due else LOCK_WAIT_POLL_S
+    def _try_job_lock(self, execution: JobExecution) -> tuple[Lock, LockWatchdog | None]:
+        """The job lock, kept alive by a watchdog while held."""
+        try:
+            handle = self.backend.acquire_lock(f"job:{execution.job_id}", self.job_lock_ttl_ms)
+        except CoordinationError as exc:
+            logger.warning(
+                "job lock for execution %s unavailable (%s)",
+                execution.pk,
+                exc,
+                extra={"execution": execution.pk},
             )
+            return Lock.UNAVAILABLE, None
+        if handle is None:
+            return Lock.TAKEN, None
+        return Lock.HELD, LockWatchdog(self.backend, handle, self.job_lock_ttl_ms).start()
 
-    def _skip(self, execution: JobExecution, reason: str) -> None:
-        executions.skip(execution, reason=reason, now=timezone.now())
+    def _facts(self, execution: JobExecution, due: float, now: float, **gathered: Any) -> Facts:
+        job = execution.job
+        return Facts(
+            policy=job.concurrency_policy,
+            scheduled=execution.trigger == Trigger.SCHEDULE,
+            now=now,
+            due=due,
+            due_instant=due_instant(execution).timestamp(),
+            runnable_since=max(execution.run_after, execution.created_at).timestamp(),
+            grace_s=job.misfire_grace_seconds,
+            claiming=self.claiming,
+            **gathered,
+        )
+
+    def _apply(self, execution: JobExecution, decision: Decision) -> None:
+        """Carry out a decision other than Start for a claimed, unstarted run."""
+        if isinstance(decision, Skip):
+            executions.skip(execution, reason=decision.reason, now=timezone.now())
+        elif isinstance(decision, HandBack):
+            run_after = (
+                None
+                if decision.after_s is None
+                else timezone.now() + timedelta(seconds=decision.after_s)
+            )
+            executions.hand_back(execution, run_after=run_after)
+        self._forget(execution.pk)
 
     # --- running the task ----------------------------------------------------------------------------
     def _context(self, run: ActiveRun) -> registry.TaskContext:

@@ -20,11 +20,11 @@ from django.utils import timezone
 
 import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
 from cluster import executor as executor_module
+from cluster.admission import REASON_FORBID
 from cluster.coordination.memory import MemoryBackend
 from cluster.executor import (
     REASON_BLOCKER_GONE,
     REASON_CANCELLED,
-    REASON_FORBID,
     REASON_SHUT_DOWN,
     REASON_TIMEOUT,
     Executor,

@@ -144,7 +144,7 @@ def test_sigkill_of_the_leader_just_before_a_slot_loses_only_its_runs_in_flight(
 
     counts = check_slots(paths, since=since, until=until, fault_at=killed_at, faulted_node=leader)
     print(counts)
-    assert counts["succeeded"] >= JOBS * 6
+    assert counts["succeeded"] >= JOBS * 4
     assert counts["max_gap_ms"] <= GAP_BOUND_S * 1000, counts
     assert not JobExecution.objects.filter(status__in=[S.RUNNING, S.SKIPPED]).exists()
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 import tests.cluster.tasks  # noqa: F401 - registers the test tasks in this process for validation
-from cluster.executor import PREPARE_AHEAD_S, REASON_FORBID, REASON_MISFIRE_STALE
+from cluster.admission import REASON_FORBID, REASON_MISFIRE_STALE
+from cluster.executor import PREPARE_AHEAD_S
 from cluster.models import NodeStatus, SchedulerNode
 from cluster.scheduler import (
     REASON_MISFIRE_BEYOND_BOUND,

@@ -1,0 +1,132 @@
+"""Admission: may a claimed run start now? A pure decision on the facts the executor gathered.
+
+    Start              take it: mark it running, release it at its instant
+    Skip(reason)       record it skipped with the reason (a stale misfire, forbid)
+    HandBack(after_s)  give it back to the queue, due again after ``after_s`` (drain: at once;
+                       buffer_one waiting its turn; the lock service unable to answer)
+    Wait(seconds)      look again later (the job lock is about to free, an older run goes first)
+
+The executor gathers the facts (the job lock, the blocking run and whether its node is alive, an
+older run still waiting) and applies the decision through ``jobs.executions``; nothing here reads the
+clock, the database or the coordination backend, so every rule is table-tested.
+
+forbid skips a run only when a run known to be active (its node renews its presence) was already
+running at this run's due instant. A previous run that started *after* that instant (both were late,
+e.g. catching up after a failover) is waited for instead, so late runs go one after the other, and
+so is a run on a node that stopped renewing (it is about to be declared dead and ended). Waiting ends
+at the job's misfire grace, counted from when the run became runnable.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from jobs.models import ConcurrencyPolicy
+
+REASON_FORBID = "forbid: previous run still active"
+REASON_MISFIRE_STALE = "misfire: not started within the grace period ({grace} s)"
+REASON_LOCK_WAIT = "misfire: waited for the job lock past the grace period ({grace} s)"
+
+# How often a waiting run looks again (seconds).
+WAIT_POLL_S = 0.1
+# A buffer_one run waiting for the running one is claimed again after this (seconds).
+BUFFER_RECHECK_S = 0.5
+# The lock service could not answer: the run goes back and is tried again after this (seconds).
+LOCK_UNAVAILABLE_RETRY_S = 1.0
+
+
+class Lock(enum.Enum):
+    NOT_NEEDED = "not_needed"  # no lock for this policy
+    HELD = "held"  # this run holds the job lock
+    TAKEN = "taken"  # someone else holds it
+    UNAVAILABLE = "unavailable"  # the lock service could not answer
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """The earliest other running run of the job whose node is not known to be gone."""
+
+    started_at: float | None
+    # Its node renews its presence on time: it really is active.
+    certain: bool
+
+
+@dataclass(frozen=True)
+class Facts:
+    policy: str
+    scheduled: bool  # a fire of the schedule (misfire rules apply), not a manual run or retry
+    now: float
+    due: float  # when the run is to be released
+    due_instant: float  # the fire's due instant (slot + spread): what forbid judges against
+    runnable_since: float  # when it became runnable (max of run_after and created_at)
+    grace_s: float  # the job's misfire grace
+    claiming: bool  # False while the node drains
+    lock: Lock = Lock.NOT_NEEDED
+    blocker: Blocker | None = None
+    older_waiting: bool = False  # an earlier fire of the job is due and not started
+
+
+@dataclass(frozen=True)
+class Start:
+    pass
+
+
+@dataclass(frozen=True)
+class Skip:
+    reason: str
+
+
+@dataclass(frozen=True)
+class HandBack:
+    after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    seconds: float
+
+
+Decision = Start | Skip | HandBack | Wait
+
+
+def is_stale(facts: Facts) -> bool:
+    """A scheduled fire runnable for longer than its misfire grace (created ahead, then its node
+    and the leader went away): the scheduler's misfire policy covers the slots after it, so running
+    it too would break the policy."""
+    return facts.scheduled and facts.now - facts.runnable_since > facts.grace_s
+
+
+def admit(facts: Facts) -> Decision:
+    if is_stale(facts):
+        return Skip(REASON_MISFIRE_STALE.format(grace=_seconds(facts.grace_s)))
+    if not facts.claiming:
+        return HandBack()
+    if facts.policy not in (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE):
+        return Start()
+    if facts.lock == Lock.UNAVAILABLE:
+        return HandBack(LOCK_UNAVAILABLE_RETRY_S)
+    if facts.policy == ConcurrencyPolicy.BUFFER_ONE:
+        return HandBack(BUFFER_RECHECK_S) if facts.blocker is not None else Start()
+    # forbid
+    if facts.lock == Lock.HELD and facts.blocker is None and not facts.older_waiting:
+        return Start()
+    blocker = facts.blocker
+    if (
+        facts.now >= facts.due
+        and blocker is not None
+        and blocker.certain
+        and blocker.started_at is not None
+        and blocker.started_at <= facts.due_instant
+    ):
+        return Skip(REASON_FORBID)
+    give_up = max(facts.due, facts.runnable_since) + max(facts.grace_s, 1)
+    if facts.now > give_up:
+        return Skip(REASON_LOCK_WAIT.format(grace=_seconds(facts.grace_s)))
+    if facts.now < facts.due:
+        return Wait(max(0.001, min(WAIT_POLL_S, facts.due - facts.now)))
+    return Wait(WAIT_POLL_S)
+
+
+def _seconds(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value

@@ -1,0 +1,140 @@
+"""Admission rules (cluster/admission.py), table-driven: pure, no database, no clock."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cluster.admission import (
+    BUFFER_RECHECK_S,
+    LOCK_UNAVAILABLE_RETRY_S,
+    REASON_FORBID,
+    REASON_LOCK_WAIT,
+    REASON_MISFIRE_STALE,
+    WAIT_POLL_S,
+    Blocker,
+    Facts,
+    HandBack,
+    Lock,
+    Skip,
+    Start,
+    Wait,
+    admit,
+)
+from jobs.models import ConcurrencyPolicy as P
+
+DUE = 1_000.0
+GRACE = 60
+BASE = Facts(
+    policy=P.FORBID,
+    scheduled=True,
+    now=DUE,
+    due=DUE,
+    due_instant=DUE,
+    runnable_since=DUE - 1,  # created a little ahead of its instant
+    grace_s=GRACE,
+    claiming=True,
+    lock=Lock.HELD,
+)
+ACTIVE_BEFORE = Blocker(started_at=DUE - 0.5, certain=True)  # running when this one fell due
+ACTIVE_AFTER = Blocker(started_at=DUE + 0.5, certain=True)  # a late run started after our instant
+EXPIRING = Blocker(started_at=DUE - 0.5, certain=False)  # its node stopped renewing
+
+
+def facts(**changes: object) -> Facts:
+    return dataclasses.replace(BASE, **changes)
+
+
+CASES = [
+    # id, facts, decision
+    ("allow-starts", facts(policy=P.ALLOW, lock=Lock.NOT_NEEDED), Start()),
+    ("replace-starts", facts(policy=P.REPLACE, lock=Lock.NOT_NEEDED), Start()),
+    ("forbid-free", facts(), Start()),
+    (
+        "stale-scheduled-fire",
+        facts(now=DUE + GRACE + 1, runnable_since=DUE),
+        Skip(REASON_MISFIRE_STALE.format(grace=GRACE)),
+    ),
+    (
+        "stale-rule-not-for-manual-runs",
+        facts(scheduled=False, now=DUE + GRACE + 1, runnable_since=DUE),
+        Start(),
+    ),
+    ("draining-hands-back", facts(claiming=False), HandBack()),
+    (
+        "draining-before-forbid-skip",
+        facts(claiming=False, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
+        HandBack(),
+    ),
+    (
+        "lock-service-down",
+        facts(lock=Lock.UNAVAILABLE),
+        HandBack(LOCK_UNAVAILABLE_RETRY_S),
+    ),
+    (
+        "forbid-active-at-instant",
+        facts(lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
+        Skip(REASON_FORBID),
+    ),
+    (
+        "forbid-judged-only-at-instant",
+        facts(now=DUE - 0.05, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
+        Wait(0.05),  # looks again at the instant, not a whole poll later
+    ),
+    (
+        "forbid-late-predecessor-waited-for",
+        facts(now=DUE + 1, lock=Lock.TAKEN, blocker=ACTIVE_AFTER),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "forbid-expiring-node-waited-for",
+        facts(now=DUE + 1, lock=Lock.TAKEN, blocker=EXPIRING),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "forbid-lock-held-by-one-about-to-start",
+        facts(now=DUE + 0.3, lock=Lock.TAKEN),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "forbid-older-fire-first",
+        facts(older_waiting=True),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "forbid-gives-up-at-grace",
+        facts(now=DUE + GRACE + 0.5, runnable_since=DUE, scheduled=False, lock=Lock.TAKEN),
+        Skip(REASON_LOCK_WAIT.format(grace=GRACE)),
+    ),
+    (
+        "forbid-grace-counts-from-late-creation",
+        facts(now=DUE + GRACE + 0.5, runnable_since=DUE + 30, scheduled=False, lock=Lock.TAKEN),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "buffer-one-free",
+        facts(policy=P.BUFFER_ONE, lock=Lock.NOT_NEEDED),
+        Start(),
+    ),
+    (
+        "buffer-one-waits-its-turn",
+        facts(policy=P.BUFFER_ONE, lock=Lock.NOT_NEEDED, blocker=ACTIVE_BEFORE),
+        HandBack(BUFFER_RECHECK_S),
+    ),
+    (
+        "buffer-one-waits-for-an-expiring-node-too",
+        facts(policy=P.BUFFER_ONE, lock=Lock.NOT_NEEDED, blocker=EXPIRING),
+        HandBack(BUFFER_RECHECK_S),
+    ),
+]
+
+
+@pytest.mark.parametrize(("given", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_admission(given: Facts, expected: object) -> None:
+    decision = admit(given)
+    if isinstance(expected, Wait):
+        assert isinstance(decision, Wait)
+        assert decision.seconds == pytest.approx(expected.seconds)
+    else:
+        assert decision == expected
