@@ -53,6 +53,8 @@ class Membership:
         self._confirmed_until = float("-inf")
         self._epoch = 0
         self._renewed_once = False
+        self._last_renewal = float("-inf")
+        self._steady_since = float("inf")
 
     @property
     def epoch(self) -> int:
@@ -84,6 +86,11 @@ class Membership:
                 self._epoch += 1
             self._renewed_once = True
             self._confirmed_until = started + self.ttl_s - self.margin_s
+            # Renewals that came late (this node stalled: CPU starvation, a database write lock,
+            # a freeze) restart the count of how long it has been renewing steadily.
+            if started - self._last_renewal > self.ttl_s / 2:
+                self._steady_since = started
+            self._last_renewal = started
         if lapsed:
             logger.warning(
                 "node %s: presence had lapsed; giving up what it claimed before",
@@ -91,6 +98,13 @@ class Membership:
                 extra={"node": self.node_id},
             )
         return not lapsed
+
+    def steady_for(self) -> float:
+        """How long this node has renewed its presence on time without a break (seconds). A node
+        that itself stalled has no business declaring others dead: they likely stalled with it
+        (a SQLite write lock held by someone, the whole machine starved) and are renewing now."""
+        with self._lock:
+            return max(0.0, self.clock.monotonic() - self._steady_since)
 
     def forget(self) -> None:
         """Drop the confirmation (draining, tests): nothing new may start until the next renewal."""

@@ -322,7 +322,10 @@ class NodeRunner:
                 now=now,
                 lookahead=timedelta(seconds=self.config.lookahead_s + LEADER_TICK_EARLY_S),
             )
-            if time.monotonic() - self._last_reap >= REAP_INTERVAL_S:
+            if (
+                time.monotonic() - self._last_reap >= REAP_INTERVAL_S
+                and self.membership.steady_for() >= self.config.dead_after_s
+            ):
                 self._last_reap = time.monotonic()
                 reaped = scheduler.reap_dead_nodes(
                     term=term,

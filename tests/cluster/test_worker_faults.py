@@ -359,12 +359,14 @@ def test_misfire_policies_after_the_whole_cluster_was_down(tmp_path):
 def test_run_all_catch_up_runs_of_a_forbid_job_run_one_after_the_other(db_cluster, tmp_path):
     """A leader outage simulated on a live leader: next_fire_at is moved into the past (what a
     stopped cluster leaves behind) at a chosen phase, so the most recent missed slot is 1.1-1.7 s
-    late when the catch-up runs are created; each run holds the forbid lock 0.5 s."""
+    late when the catch-up runs are created; each run holds the forbid lock 0.2 s. The second
+    catch-up run must start within the 1 s grace counted from its creation, after the first ended
+    and released the lock: 0.2 s of work leaves room for a loaded machine."""
     records = tmp_path / "records.txt"
     job = make_job(
         "run-all-forbid",
         "test.record_and_sleep",
-        {"path": str(records), "seconds": 0.5},
+        {"path": str(records), "seconds": 0.2},
         schedule_type="interval",
         interval_seconds=2,  # slots: even seconds since the epoch
         misfire_policy="run_all",

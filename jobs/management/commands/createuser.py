@@ -6,6 +6,7 @@ import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
@@ -28,9 +29,12 @@ class Command(BaseCommand):
         from rest_framework.authtoken.models import Token
 
         password = password or secrets.token_urlsafe(12)
+        # Hashed before the transaction: on SQLite a write transaction holds the database-wide write
+        # lock, and a second of hashing inside it stalls every node's lease and presence renewals.
+        hashed = make_password(password)
         with transaction.atomic():
             user, created = get_user_model().objects.get_or_create(username=username)
-            user.set_password(password)
+            user.password = hashed
             user.is_staff = True  # may open the Django admin; the role decides what it can do there
             user.save()
             user.groups.remove(*Group.objects.filter(name__in=ROLES))
