@@ -52,6 +52,8 @@ S = ExecutionStatus
 PREPARE_AHEAD_S = 0.25
 # Event.wait may overshoot by a millisecond or so: sleep to this close to the instant, then spin.
 SPIN_S = 0.0015
+# Waiting runs whose next look falls within this window are looked at in one batch (seconds).
+WAIT_COALESCE_S = 0.05
 # A gated task also starts by itself this long after its instant if the gate never opens.
 GATE_SLACK_S = 0.05
 # A body starts only while its job lock stays valid at least this much longer (seconds).
@@ -176,6 +178,15 @@ class _Scheduled:
     epoch: int = field(default=0, compare=False)
 
 
+@dataclass(order=True)
+class _Waiting:
+    """A claimed run admission told to wait (a job lock about to free, an older fire first)."""
+
+    look_at: float
+    seq: int
+    item: _Scheduled = field(compare=False)
+
+
 @dataclass
 class ActiveRun:
     execution: JobExecution
@@ -239,6 +250,7 @@ class Executor:
         self.lookahead_s = lookahead_s
         self._lock = threading.Lock()
         self._timer_heap: list[_Scheduled] = []
+        self._waiting: list[_Waiting] = []
         self._seq = 0
         self._active: dict[int, ActiveRun] = {}
         self._claimed: set[int] = set()
@@ -303,7 +315,9 @@ class Executor:
         """Hand every claimed-but-unstarted execution back (drain, shutdown)."""
         with self._lock:
             pending = [item.execution for item in self._timer_heap]
+            pending += [waiting.item.execution for waiting in self._waiting]
             self._timer_heap.clear()
+            self._waiting.clear()
         count = 0
         for execution in pending:
             if executions.hand_back(execution):
@@ -321,22 +335,28 @@ class Executor:
                 target=target, args=(stop,), name=f"{self.node_id}:{name}", daemon=True
             ).start()
         while not stop.is_set():
+            now = time.time()
             with self._lock:
-                head = self._timer_heap[0] if self._timer_heap else None
-            if head is None:
+                instants = []
+                if self._timer_heap:
+                    instants.append(self._timer_heap[0].due - PREPARE_AHEAD_S)
+                if self._waiting:
+                    instants.append(self._waiting[0].look_at)
+            if not instants:
                 self._wake_starter.wait(0.5)
                 self._wake_starter.clear()
                 continue
-            delay = head.due - PREPARE_AHEAD_S - time.time()
-            if delay > 0:
-                self._wake_starter.wait(delay)
+            if min(instants) > now:
+                self._wake_starter.wait(min(instants) - now)
                 self._wake_starter.clear()
                 continue
             batch: list[_Scheduled] = []
-            horizon = time.time() + PREPARE_AHEAD_S
             with self._lock:
-                while self._timer_heap and self._timer_heap[0].due <= horizon:
+                while self._timer_heap and self._timer_heap[0].due <= now + PREPARE_AHEAD_S:
                     batch.append(heapq.heappop(self._timer_heap))
+                # Waiting runs due for another look soon are looked at together.
+                while self._waiting and self._waiting[0].look_at <= now + WAIT_COALESCE_S:
+                    batch.append(heapq.heappop(self._waiting).item)
             if batch:
                 threading.Thread(
                     target=self._guarded,
@@ -354,54 +374,71 @@ class Executor:
             connection.close()
 
     def _prepare_batch(self, batch: list[_Scheduled]) -> None:
-        """Locks and checks for the batch, then one conditional UPDATE marks it running."""
-        fast: list[tuple[_Scheduled, LockWatchdog | None]] = []
-        slow: list[_Scheduled] = []
+        """Admission for a batch of claimed runs (new ones due within PREPARE_AHEAD_S and waiting
+        ones due for another look): the facts are gathered for the whole batch (a job lock attempt
+        per forbid run, one query for blocking runs, one read of live nodes, one query for older
+        fires), each run is admitted, the ones to start are marked running in one statement per
+        instant, and the ones told to wait go back to the waiting room, not to a thread of their
+        own: a node that is behind pays less per run, not more."""
         now = time.time()
+        locks: dict[int, tuple[Lock, LockWatchdog | None]] = {}
+        candidates: list[_Scheduled] = []
         for item in batch:
             facts = self._facts(item.execution, item.due, now)
-            if admission.is_stale(facts):
+            if admission.is_stale(facts) or not self.claiming:
                 self._apply(item.execution, admission.admit(facts))
                 continue
-            policy = item.execution.job.concurrency_policy
-            if policy == ConcurrencyPolicy.BUFFER_ONE:
-                slow.append(item)
-            elif policy == ConcurrencyPolicy.FORBID:
-                state, taken = self._try_job_lock(item.execution)
-                if taken is not None:
-                    fast.append((item, taken))
-                elif state == Lock.UNAVAILABLE:
-                    self._apply(item.execution, HandBack(admission.LOCK_UNAVAILABLE_RETRY_S))
-                else:
-                    slow.append(item)
-            else:
-                fast.append((item, None))
-        forbid_jobs = {i.execution.job_id for i, lock in fast if lock is not None}
-        if forbid_jobs:
-            batch_ids = [i.execution.pk for i, _ in fast]
-            blocked = set(
-                JobExecution.objects.filter(job_id__in=forbid_jobs, status=S.RUNNING)
-                .exclude(pk__in=batch_ids)
-                .values_list("job_id", flat=True)
+            if item.execution.job.concurrency_policy == ConcurrencyPolicy.FORBID:
+                locks[item.execution.pk] = self._try_job_lock(item.execution)
+            candidates.append(item)
+        guarded = [
+            item
+            for item in candidates
+            if item.execution.job.concurrency_policy
+            in (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE)
+        ]
+        blockers = self._blockers(guarded)
+        older = self._older_waiting(
+            [
+                item
+                for item in guarded
+                if locks.get(item.execution.pk, (None,))[0] == Lock.HELD
+                and item.execution.job_id not in blockers
+            ]
+        )
+        starts: list[tuple[_Scheduled, LockWatchdog | None]] = []
+        now = time.time()
+        for item in candidates:
+            execution = item.execution
+            state, lock = locks.get(execution.pk, (Lock.NOT_NEEDED, None))
+            decision = admission.admit(
+                self._facts(
+                    execution,
+                    item.due,
+                    now,
+                    lock=state,
+                    blocker=blockers.get(execution.job_id),
+                    older_waiting=execution.pk in older,
+                )
             )
-            if blocked:
-                keep = []
-                for item, lock in fast:
-                    if lock is not None and item.execution.job_id in blocked:
-                        self._release_lock(lock)
-                        slow.append(item)
-                    else:
-                        keep.append((item, lock))
-                fast = keep
-        for item in slow:
-            threading.Thread(
-                target=self._guarded,
-                args=(self._run_slow, item.execution, item.due, item.epoch),
-                name=f"exec-{item.execution.pk}",
-                daemon=True,
-            ).start()
-        if fast:
-            self._start_fast(fast)
+            if isinstance(decision, Start):
+                starts.append((item, lock))
+                continue
+            if lock is not None:
+                self._release_lock(lock)
+            if isinstance(decision, Wait):
+                self._wait(item, now + decision.seconds)
+            else:
+                self._apply(execution, decision)
+        if starts:
+            self._start_fast(starts)
+
+    def _wait(self, item: _Scheduled, until: float) -> None:
+        """Into the waiting room: the starter looks at it again at ``until`` (wall clock)."""
+        with self._lock:
+            self._seq += 1
+            heapq.heappush(self._waiting, _Waiting(until, self._seq, item))
+        self._wake_starter.set()
 
     def _start_fast(self, fast: list[tuple[_Scheduled, LockWatchdog | None]]) -> None:
         if not self.claiming:
@@ -461,74 +498,31 @@ class Executor:
             self._claimed.discard(run.execution.pk)
             self._active[run.execution.pk] = run
 
-    def _run_slow(self, execution: JobExecution, due: float, epoch: int) -> None:
-        """One execution that needs waiting: a held forbid lock, or a buffer_one job's turn."""
-        job = execution.job
-        lock: LockWatchdog | None = None
-        while True:
-            state, lock = (
-                self._try_job_lock(execution)
-                if job.concurrency_policy == ConcurrencyPolicy.FORBID
-                else (Lock.NOT_NEEDED, None)
-            )
-            blocker = self._active_blocker(execution)
-            older = state == Lock.HELD and blocker is None and self._older_run_waiting(execution)
-            decision = admission.admit(
-                self._facts(
-                    execution, due, time.time(), lock=state, blocker=blocker, older_waiting=older
-                )
-            )
-            if isinstance(decision, Start):
-                break
-            if lock is not None:
-                self._release_lock(lock)
-            if isinstance(decision, Wait):
-                time.sleep(decision.seconds)
-                continue
-            self._apply(execution, decision)
-            return
-        wait_until(due)
-        if not self.claiming:
-            # Draining: a run that has not started goes back to the queue for another node.
-            if lock is not None:
-                self._release_lock(lock)
-            executions.hand_back(execution)
-            self._forget(execution.pk)
-            return
-        planned_start = datetime.fromtimestamp(max(due, time.time()), tz=UTC)
-        if not executions.start_batch([execution], planned=planned_start):
-            logger.info("execution %s was cancelled or taken before it started", execution.pk)
-            if lock is not None:
-                self._release_lock(lock)
-            self._forget(execution.pk)
-            return
-        run = ActiveRun(execution=execution, due=due, lock=lock, epoch=epoch)
-        self._activate(run)
-        if job.isolation == Isolation.PROCESS:
-            self._body_in_process(run)
-        else:
-            self._body_in_thread(run)
-
     # --- forbid and buffer_one ---------------------------------------------------------------------
-    def _active_blocker(self, execution: JobExecution) -> Blocker | None:
-        """The earliest other RUNNING run of the job that may really be active.
+    def _blockers(self, items: list[_Scheduled]) -> dict[int, Blocker]:
+        """Per job of ``items``: the earliest other RUNNING run that may really be active.
 
         A run whose node's presence has expired is not active: it is ended as ``lost`` on the
         spot (retried per policy), so a dead node's leftovers never make a policy skip or wait.
+        One query for the batch, and one read of the live nodes when any run blocks.
         """
+        if not items:
+            return {}
         others = list(
             JobExecution.objects.select_related("job")
-            .filter(job_id=execution.job_id, status=S.RUNNING)
-            .exclude(pk=execution.pk)
+            .filter(job_id__in={i.execution.job_id for i in items}, status=S.RUNNING)
+            .exclude(pk__in=[i.execution.pk for i in items])
             .order_by("started_at", "pk")
         )
         if not others:
-            return None
+            return {}
         try:
             live = self.backend.live_nodes()
         except CoordinationError:
             live = None  # cannot tell: nothing is ended, nothing is certain
         now_ms = int(time.time() * 1000)
+        blockers: dict[int, Blocker] = {}
+        gone: list[JobExecution] = []
         for other in others:
             state = (
                 Liveness.SUSPECT
@@ -542,31 +536,45 @@ class Executor:
                 )
             )
             if state == Liveness.GONE:
-                with transaction.atomic():
+                gone.append(other)
+            elif other.job_id not in blockers:
+                started = other.started_at.timestamp() if other.started_at else None
+                blockers[other.job_id] = Blocker(
+                    started_at=started, certain=state == Liveness.ALIVE
+                )
+        if gone:
+            with transaction.atomic():
+                for other in gone:
                     executions.end_running(
                         other,
                         status=S.LOST,
                         reason=REASON_BLOCKER_GONE.format(node=other.node or "?"),
                         now=timezone.now(),
                     )
-                continue
-            started = other.started_at.timestamp() if other.started_at else None
-            return Blocker(started_at=started, certain=state == Liveness.ALIVE)
-        return None
+        return blockers
 
-    def _older_run_waiting(self, execution: JobExecution) -> bool:
-        """An earlier fire of the same job is due and not started: it goes first (catch-up runs
-        keep their order instead of the newest overtaking them)."""
-        return (
+    def _older_waiting(self, items: list[_Scheduled]) -> set[int]:
+        """The runs of ``items`` behind an earlier fire of the same job that is due and not
+        started: that one goes first (catch-up runs keep their order). One query."""
+        if not items:
+            return set()
+        pending = list(
             JobExecution.objects.filter(
-                job_id=execution.job_id,
+                job_id__in={i.execution.job_id for i in items},
                 status=S.PENDING,
-                scheduled_for__lt=execution.scheduled_for,
                 run_after__lte=timezone.now(),
-            )
-            .exclude(pk=execution.pk)
-            .exists()
+            ).values_list("pk", "job_id", "scheduled_for")
         )
+        return {
+            item.execution.pk
+            for item in items
+            if any(
+                job_id == item.execution.job_id
+                and scheduled_for < item.execution.scheduled_for
+                and pk != item.execution.pk
+                for pk, job_id, scheduled_for in pending
+            )
+        }
 
     def _try_job_lock(self, execution: JobExecution) -> tuple[Lock, LockWatchdog | None]:
         """The job lock, kept alive by a watchdog while held."""
