@@ -68,6 +68,9 @@ REASON_TIMEOUT = "exceeded timeout of {seconds} s"
 REASON_LOCK_LOST = "job lock lost while running"
 REASON_CANCELLED = "cancelled"
 REASON_SHUT_DOWN = "node {node} shut down before the run finished"
+REASON_UNTRACKED = "node {node} lost track of the run (an error in its hot path)"
+# A row this node holds but does not track is a leftover once it is this old (seconds).
+RECONCILE_AFTER_S = 5.0
 REASON_BLOCKER_GONE = "node {node} is gone (its presence expired) while the run was active"
 
 
@@ -256,6 +259,8 @@ class Executor:
         self._claimed: set[int] = set()
         self._outcomes: queue.Queue[_Outcome] = queue.Queue()
         self._unwritten = 0
+        # Runs whose outcome is queued for the finisher (still running in the database).
+        self._finishing: set[int] = set()
         self._wake_starter = threading.Event()
         self.claiming = True
         _install_output_capture()
@@ -305,6 +310,49 @@ class Executor:
                     )
             self._wake_starter.set()
         return len(claimed)
+
+    def reconcile(self, *, now: datetime | None = None) -> tuple[int, int]:
+        """Self-audit: rows this node holds in the database but no longer tracks (an error in the
+        hot path, a database outage in the middle of a batch) are given back: a claimed, unstarted
+        run goes back to the queue, a running one nobody here runs is ended ``lost`` (retried per
+        policy). Only rows older than RECONCILE_AFTER_S, so a claim or a start in flight is never
+        mistaken for a leftover. Returns (handed back, ended lost)."""
+        now = now or timezone.now()
+        cutoff = now - timedelta(seconds=RECONCILE_AFTER_S)
+        with self._lock:
+            tracked = (
+                set(self._claimed)
+                | set(self._active)
+                | self._finishing
+                | {item.execution.pk for item in self._timer_heap}
+                | {waiting.item.execution.pk for waiting in self._waiting}
+            )
+        mine = JobExecution.objects.select_related("job").filter(node=self.node_id)
+        claims = list(
+            mine.filter(status=S.PENDING, claim_token__isnull=False, claimed_at__lt=cutoff).exclude(
+                pk__in=tracked
+            )
+        )
+        handed_back = sum(executions.hand_back(execution) for execution in claims)
+        lost = 0
+        for execution in mine.filter(status=S.RUNNING, started_at__lt=cutoff).exclude(
+            pk__in=tracked
+        ):
+            with transaction.atomic():
+                lost += executions.end_running(
+                    execution,
+                    status=S.LOST,
+                    reason=REASON_UNTRACKED.format(node=self.node_id),
+                    now=now,
+                )
+        if handed_back or lost:
+            logger.warning(
+                "reconciled: %d untracked claims handed back, %d untracked runs ended lost",
+                handed_back,
+                lost,
+                extra={"node": self.node_id},
+            )
+        return handed_back, lost
 
     def on_membership_lapse(self) -> int:
         """This node's presence had expired: the cluster may have taken what it claimed. Hand the
@@ -374,6 +422,25 @@ class Executor:
             connection.close()
 
     def _prepare_batch(self, batch: list[_Scheduled]) -> None:
+        """``_admit_batch``, and if it fails (the database or the lock service went away in the
+        middle), the runs it had not settled stop counting against capacity: a failed batch must
+        never leak capacity until the node claims nothing at all. Their rows, still claimed by this
+        node, are given back by ``reconcile``."""
+        settled: set[int] = set()
+        try:
+            self._admit_batch(batch, settled)
+        except Exception:
+            with self._lock:
+                unsettled = [i.execution.pk for i in batch if i.execution.pk not in settled]
+                self._claimed.difference_update(unsettled)
+            logger.exception(
+                "admission of %d runs failed; %d left to reconcile",
+                len(batch),
+                len(unsettled),
+                extra={"node": self.node_id},
+            )
+
+    def _admit_batch(self, batch: list[_Scheduled], settled: set[int]) -> None:
         """Admission for a batch of claimed runs (new ones due within PREPARE_AHEAD_S and waiting
         ones due for another look): the facts are gathered for the whole batch (a job lock attempt
         per forbid run, one query for blocking runs, one read of live nodes, one query for older
@@ -387,6 +454,7 @@ class Executor:
             facts = self._facts(item.execution, item.due, now)
             if admission.is_stale(facts) or not self.claiming:
                 self._apply(item.execution, admission.admit(facts))
+                settled.add(item.execution.pk)
                 continue
             if item.execution.job.concurrency_policy == ConcurrencyPolicy.FORBID:
                 locks[item.execution.pk] = self._try_job_lock(item.execution)
@@ -430,8 +498,15 @@ class Executor:
                 self._wait(item, now + decision.seconds)
             else:
                 self._apply(execution, decision)
+            settled.add(execution.pk)
         if starts:
-            self._start_fast(starts)
+            try:
+                self._start_fast(starts)
+            except Exception:
+                for _, lock in starts:
+                    if lock is not None:
+                        self._release_lock(lock)
+                raise
 
     def _wait(self, item: _Scheduled, until: float) -> None:
         """Into the waiting room: the starter looks at it again at ``until`` (wall clock)."""
@@ -791,6 +866,7 @@ class Executor:
             run.completed = True
             self._active.pop(run.execution.pk, None)
             self._unwritten += 1
+            self._finishing.add(run.execution.pk)
         if run.process is not None and run.process.is_alive():
             run.process.kill()
             run.process.join(PROCESS_REAP_S)  # reap it: no zombie left behind
@@ -874,6 +950,7 @@ class Executor:
                 self._release_lock(outcome.run.lock)
         with self._lock:
             self._unwritten -= len(batch)
+            self._finishing.difference_update(o.run.execution.pk for o in batch)
 
     def _write_alone(self, outcome: _Outcome) -> None:
         try:

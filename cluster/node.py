@@ -35,7 +35,7 @@ from django.utils import timezone
 from cluster import scheduler
 from cluster.coordination import CoordinationBackend, Lease, get_backend
 from cluster.elector import ElectionConfig, LeaderElector
-from cluster.executor import Executor
+from cluster.executor import RECONCILE_AFTER_S, Executor
 from cluster.fencing import Fenced, fence_current, fence_raise
 from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
@@ -57,6 +57,8 @@ LEADER_MAX_SLEEP_S = 0.25
 # How often the leader looks for expired presences (one backend read when nobody died).
 REAP_INTERVAL_S = 0.25
 LEADER_TICK_EARLY_S = 0.4
+# How often a node audits the rows it holds against what it tracks (executor.reconcile).
+RECONCILE_INTERVAL_S = 2.0
 DEFAULT_GRACE_S = 30.0
 LOOP_ERROR_BACKOFF_S = 0.5
 
@@ -116,6 +118,7 @@ class NodeRunner:
         self._wake_leader = threading.Event()
         self._wake_claim = threading.Event()
         self._last_reap = 0.0
+        self._last_reconcile = time.monotonic()
         self._threads: list[threading.Thread] = []
         self.membership = Membership(self.backend, config.node_id, ttl_s=config.dead_after_s)
         self.executor = Executor(
@@ -181,6 +184,9 @@ class NodeRunner:
                 last_heartbeat=now, status=status, running_count=self.executor.running_count
             )
         self.executor.apply_cancel_requests()
+        if time.monotonic() - self._last_reconcile >= RECONCILE_INTERVAL_S:
+            self._last_reconcile = time.monotonic()
+            self.executor.reconcile()
         if (
             not self.draining
             and SchedulerNode.objects.filter(
@@ -444,6 +450,12 @@ class NodeRunner:
         released = self.executor.release_unstarted()
         finished = self.executor.wait_idle(self.config.grace_s)
         handed_back = 0 if finished else self.executor.hand_back_running()
+        try:
+            # Whatever this node still holds without tracking it (a batch that failed midway)
+            # goes back too: a stopped node leaves nothing claimed behind.
+            self.executor.reconcile(now=timezone.now() + timedelta(seconds=RECONCILE_AFTER_S))
+        except Exception:
+            logger.exception("final reconcile failed (the reaper will recover)", extra=extra)
         logger.info(
             "drained: %d unstarted handed back, %d running handed back",
             released,

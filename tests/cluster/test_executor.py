@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import OperationalError
 from django.utils import timezone
 
 import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
@@ -27,6 +28,8 @@ from cluster.executor import (
     REASON_CANCELLED,
     REASON_SHUT_DOWN,
     REASON_TIMEOUT,
+    REASON_UNTRACKED,
+    RECONCILE_AFTER_S,
     Executor,
 )
 from cluster.membership import Membership
@@ -604,3 +607,72 @@ def test_an_odd_outcome_is_recorded_and_does_not_hold_up_its_batch(executor, odd
 
     done = [JobExecution.objects.get(pk=e.pk) for e in executions]
     assert [d.status for d in done] == [S.SUCCEEDED, S.SUCCEEDED]
+
+
+# --- the self-audit: nothing held that is not tracked --------------------------------------------------
+
+
+def test_reconcile_gives_back_rows_this_node_holds_but_does_not_track(executor):
+    job = make_job("audited", "noop")
+    now = timezone.now()
+    old = now - timedelta(seconds=RECONCILE_AFTER_S + 5)
+    claim = submit(job, node=NODE, claim_token="lost-claim", claimed_at=old)
+    running = submit(
+        job,
+        scheduled_for=now - timedelta(seconds=1),
+        status=S.RUNNING,
+        node=NODE,
+        claim_token="lost-run",
+        claimed_at=old,
+        started_at=old,
+    )
+    fresh = submit(  # a claim in flight: too young to be a leftover
+        job,
+        scheduled_for=now - timedelta(seconds=2),
+        node=NODE,
+        claim_token="fresh",
+        claimed_at=now,
+    )
+    elsewhere = submit(  # another node's: not ours to audit
+        job,
+        scheduled_for=now - timedelta(seconds=3),
+        node="other-node",
+        claim_token="theirs",
+        claimed_at=old,
+    )
+
+    assert executor.reconcile(now=now) == (1, 1)
+
+    claim.refresh_from_db()
+    assert (claim.status, claim.claim_token, claim.node) == (S.PENDING, None, "")
+    running.refresh_from_db()
+    assert (running.status, running.reason) == (S.LOST, REASON_UNTRACKED.format(node=NODE))
+    for row in (fresh, elsewhere):
+        row.refresh_from_db()
+        assert row.claim_token is not None
+
+
+def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
+    """The database goes away in the middle of a batch: the runs stop counting against capacity
+    (a node that leaks them ends up claiming nothing at all), and the audit gives the rows back."""
+    job = make_job("unlucky", "noop")
+    execution = submit(job)
+    calls = []
+
+    def failing_start_batch(*args, **kwargs):
+        calls.append(1)
+        raise OperationalError("(2013, 'Lost connection to server during query')")
+
+    monkeypatch.setattr(executor_module.executions, "start_batch", failing_start_batch)
+    assert executor.claim_once() == 1
+    wait_for(lambda: calls and executor.load == 0, OUTCOME_TIMEOUT_S)
+    monkeypatch.undo()
+
+    assert executor.reconcile(now=timezone.now() + timedelta(seconds=RECONCILE_AFTER_S + 1)) == (
+        1,
+        0,
+    )
+    row = JobExecution.objects.get(pk=execution.pk)
+    assert (row.status, row.claim_token) == (S.PENDING, None)
+    done = run_to_outcome(executor, row)
+    assert done.status == S.SUCCEEDED
