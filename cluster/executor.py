@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import close_old_connections, connection, transaction
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 from django.utils import timezone
 
 from cluster import admission
@@ -39,6 +45,7 @@ from cluster.admission import Blocker, Decision, Facts, HandBack, Lock, Skip, St
 from cluster.child import run_task
 from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
 from cluster.membership import Liveness, Membership, node_liveness
+from cluster.models import NodeStatus, SchedulerNode
 from jobs import executions, registry
 from jobs.models import ConcurrencyPolicy, Isolation, JobExecution, Trigger
 from jobs.schedules import spread_offset
@@ -63,7 +70,8 @@ CANCEL_GRACE_S = 2.0
 PROCESS_REAP_S = 2.0
 # Outcomes written in one transaction at most; one commit for many runs.
 FINISH_BATCH = 200
-FINISH_WRITE_ATTEMPTS = 5
+# How long outcomes are retried while the database cannot be reached (seconds).
+FINISH_RETRY_S = 60.0
 REASON_TIMEOUT = "exceeded timeout of {seconds} s"
 REASON_LOCK_LOST = "job lock lost while running"
 REASON_CANCELLED = "cancelled"
@@ -596,6 +604,16 @@ class Executor:
         except CoordinationError:
             live = None  # cannot tell: nothing is ended, nothing is certain
         now_ms = int(time.time() * 1000)
+        # As for the reaper, an expired presence alone is not death: a coordination store that
+        # lost its keys (a Redis restart) must not end live nodes' runs. The node's row must have
+        # gone as silent (or say it stopped or died).
+        silent_since = timezone.now() - timedelta(seconds=self.membership.ttl_s)
+        rows = {
+            node_id: (status in (NodeStatus.DEAD, NodeStatus.STOPPED) or beat < silent_since)
+            for node_id, status, beat in SchedulerNode.objects.filter(
+                node_id__in={o.node for o in others}
+            ).values_list("node_id", "status", "last_heartbeat")
+        }
         blockers: dict[int, Blocker] = {}
         gone: list[JobExecution] = []
         for other in others:
@@ -610,6 +628,8 @@ class Executor:
                     heartbeat_s=self.heartbeat_s,
                 )
             )
+            if state == Liveness.GONE and not rows.get(other.node, True):
+                state = Liveness.SUSPECT
             if state == Liveness.GONE:
                 gone.append(other)
             elif other.job_id not in blockers:
@@ -924,24 +944,35 @@ class Executor:
             self._write_outcomes(batch)
 
     def _write_outcomes(self, batch: list[_Outcome]) -> None:
-        """All outcomes in one transaction. If that fails, each on its own (one bad outcome must
-        not hold up the others), and one that still cannot be stored is recorded as failed with
-        the storage error, so no run stays running."""
+        """All outcomes in one transaction. While the database cannot be reached, the batch is
+        retried with backoff (for up to FINISH_RETRY_S): an outcome is not turned into a storage
+        failure, nor left for the reaper, because of an outage of a few seconds. If the write
+        fails otherwise, each outcome is written on its own (one bad outcome must not hold up the
+        others), and one that still cannot be stored is recorded as failed with the storage error,
+        so no run stays running."""
         written = False
-        for attempt in range(FINISH_WRITE_ATTEMPTS):
+        give_up = time.monotonic() + FINISH_RETRY_S
+        attempt = 0
+        while not written:
+            attempt += 1
             try:
                 now = timezone.now()
                 with transaction.atomic():
                     for outcome in batch:
                         self._write_one(outcome, now)
                 written = True
-                break
+            except (OperationalError, InterfaceError) as exc:
+                connection.close()  # reconnect on the next try
+                if time.monotonic() > give_up:
+                    logger.error("writing %d outcomes: giving up (%s)", len(batch), exc)
+                    break
+                if attempt == 1 or attempt % 10 == 0:
+                    logger.warning("writing %d outcomes failed (%s); retrying", len(batch), exc)
+                time.sleep(min(2.0, 0.1 * 2 ** min(attempt, 5)))
             except Exception:
-                logger.exception("writing %d outcomes failed (attempt %d)", len(batch), attempt + 1)
+                logger.exception("writing %d outcomes failed", len(batch))
                 close_old_connections()
-                if len(batch) > 1:
-                    break  # fall back to one at a time at once
-                time.sleep(min(2.0, 0.2 * (attempt + 1)))
+                break
         if not written:
             for outcome in batch:
                 self._write_alone(outcome)

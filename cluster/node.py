@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from cluster import scheduler
@@ -60,6 +60,7 @@ LEADER_TICK_EARLY_S = 0.4
 # How often a node audits the rows it holds against what it tracks (executor.reconcile).
 RECONCILE_INTERVAL_S = 2.0
 DEFAULT_GRACE_S = 30.0
+STOP_MARK_ATTEMPTS = 5
 LOOP_ERROR_BACKOFF_S = 0.5
 
 
@@ -446,8 +447,16 @@ class NodeRunner:
             self.elector.release()
         except Exception:
             logger.exception("lease release failed (it will expire)", extra=extra)
+        # This thread's connection may have died with a database outage long ago (the main
+        # thread of runnode does no other database work): start the drain on a fresh one.
+        connection.close()
         self._apply_term_events()  # the term row says "stepped down" before the process exits
-        released = self.executor.release_unstarted()
+        try:
+            released = self.executor.release_unstarted()
+        except Exception:
+            logger.exception("handing back unstarted work failed", extra=extra)
+            connection.close()
+            released = 0
         finished = self.executor.wait_idle(self.config.grace_s)
         handed_back = 0 if finished else self.executor.hand_back_running()
         try:
@@ -462,12 +471,18 @@ class NodeRunner:
             handed_back,
             extra=extra,
         )
-        try:
-            SchedulerNode.objects.filter(node_id=self.config.node_id).update(
-                status=NodeStatus.STOPPED, running_count=0, drain_requested=False
-            )
-        except Exception:
-            logger.exception("could not mark the node stopped", extra=extra)
+        for attempt in range(STOP_MARK_ATTEMPTS):
+            try:
+                SchedulerNode.objects.filter(node_id=self.config.node_id).update(
+                    status=NodeStatus.STOPPED, running_count=0, drain_requested=False
+                )
+                break
+            except Exception:
+                logger.exception(
+                    "could not mark the node stopped (attempt %d)", attempt + 1, extra=extra
+                )
+                connection.close()
+                time.sleep(0.5)
         self.stop_event.set()
 
     def kill_switch(self) -> None:
