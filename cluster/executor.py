@@ -70,6 +70,7 @@ CANCEL_GRACE_S = 2.0
 PROCESS_REAP_S = 2.0
 # Outcomes written in one transaction at most; one commit for many runs.
 FINISH_BATCH = 200
+HAND_BACK_ATTEMPTS = 5
 # How long outcomes are retried while the database cannot be reached (seconds).
 FINISH_RETRY_S = 60.0
 REASON_TIMEOUT = "exceeded timeout of {seconds} s"
@@ -862,9 +863,16 @@ class Executor:
         execution = run.execution
         handed_back = False
         try:
-            handed_back = executions.hand_back_unstarted(execution)
-        except Exception:
-            logger.exception("could not hand back execution %s", execution.pk)
+            # The body did not start: give the run back, retrying a database that does not
+            # answer for a moment (otherwise the audit ends it lost though it never ran).
+            for attempt in range(HAND_BACK_ATTEMPTS):
+                try:
+                    handed_back = executions.hand_back_unstarted(execution)
+                    break
+                except (OperationalError, InterfaceError):
+                    logger.warning("hand back of execution %s failed; retrying", execution.pk)
+                    connection.close()
+                    time.sleep(0.2 * (attempt + 1))
         finally:
             if lock is not None:
                 self._release_lock(lock)
