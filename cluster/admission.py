@@ -40,6 +40,7 @@ class Lock(enum.Enum):
     NOT_NEEDED = "not_needed"  # no lock for this policy
     HELD = "held"  # this run holds the job lock
     TAKEN = "taken"  # someone else holds it
+    NOT_TRIED = "not_tried"  # not asked for: a blocker or an older fire goes first anyway
     UNAVAILABLE = "unavailable"  # the lock service could not answer
 
 

@@ -282,9 +282,20 @@ class Executor:
 
     @property
     def load(self) -> int:
-        """Claimed + running + outcomes not yet written: what counts against capacity."""
+        """Claimed + running + outcomes not yet written: what counts against capacity.
+
+        Runs in the waiting room count only beyond a second budget of ``capacity``: runs waiting
+        their turn (an older fire of their job first, a lock about to free) must never fill a
+        node so that the run they wait for cannot be claimed by anyone (a deadlock of capacity)."""
         with self._lock:
-            return len(self._claimed) + len(self._active) + self._unwritten
+            waiting = len(self._waiting)
+            return (
+                len(self._claimed)
+                - waiting
+                + max(0, waiting - self.capacity)
+                + len(self._active)
+                + self._unwritten
+            )
 
     def running_ids(self) -> list[int]:
         with self._lock:
@@ -457,7 +468,6 @@ class Executor:
         instant, and the ones told to wait go back to the waiting room, not to a thread of their
         own: a node that is behind pays less per run, not more."""
         now = time.time()
-        locks: dict[int, tuple[Lock, LockWatchdog | None]] = {}
         candidates: list[_Scheduled] = []
         for item in batch:
             facts = self._facts(item.execution, item.due, now)
@@ -465,8 +475,6 @@ class Executor:
                 self._apply(item.execution, admission.admit(facts))
                 settled.add(item.execution.pk)
                 continue
-            if item.execution.job.concurrency_policy == ConcurrencyPolicy.FORBID:
-                locks[item.execution.pk] = self._try_job_lock(item.execution)
             candidates.append(item)
         guarded = [
             item
@@ -474,15 +482,22 @@ class Executor:
             if item.execution.job.concurrency_policy
             in (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE)
         ]
+        forbid = [
+            item
+            for item in guarded
+            if item.execution.job.concurrency_policy == ConcurrencyPolicy.FORBID
+        ]
         blockers = self._blockers(guarded)
-        older = self._older_waiting(
-            [
-                item
-                for item in guarded
-                if locks.get(item.execution.pk, (None,))[0] == Lock.HELD
-                and item.execution.job_id not in blockers
-            ]
-        )
+        older = self._older_waiting(forbid)
+        # The job lock is tried only by a run that could start: runs behind a blocker or an older
+        # fire would only take it from the run they wait for (a lock taken and dropped ten times
+        # a second by every waiting run starves the one that could go).
+        locks: dict[int, tuple[Lock, LockWatchdog | None]] = {
+            item.execution.pk: self._try_job_lock(item.execution)
+            if item.execution.job_id not in blockers and item.execution.pk not in older
+            else (Lock.NOT_TRIED, None)
+            for item in forbid
+        }
         starts: list[tuple[_Scheduled, LockWatchdog | None]] = []
         now = time.time()
         for item in candidates:

@@ -103,6 +103,11 @@ CASES = [
         Wait(WAIT_POLL_S),
     ),
     (
+        "forbid-lock-not-tried-behind-an-older-fire",
+        facts(lock=Lock.NOT_TRIED, older_waiting=True),
+        Wait(WAIT_POLL_S),
+    ),
+    (
         "forbid-gives-up-at-grace",
         facts(now=DUE + GRACE + 0.5, runnable_since=DUE, scheduled=False, lock=Lock.TAKEN),
         Skip(REASON_LOCK_WAIT.format(grace=GRACE)),

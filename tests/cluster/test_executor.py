@@ -676,3 +676,41 @@ def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
     assert (row.status, row.claim_token) == (S.PENDING, None)
     done = run_to_outcome(executor, row)
     assert done.status == S.SUCCEEDED
+
+
+def test_runs_waiting_their_turn_do_not_hold_the_capacity_the_older_fire_needs(tmp_path):
+    """A node of capacity 1 holds a newer fire of a forbid job that waits for an older one (which
+    came back to the queue, e.g. from a dead node). The waiting run must not fill the node: the
+    older fire is claimed and runs, then the newer one."""
+    backend = MemoryBackend()
+    membership = Membership(backend, "small-node", ttl_s=PRESENCE_TTL_MS / 1000)
+    membership.renew({})
+    runner = Executor(
+        node_id="small-node",
+        queues=["default"],
+        capacity=1,
+        backend=backend,
+        membership=membership,
+        heartbeat_s=1.0,
+    )
+    stop = threading.Event()
+    threading.Thread(target=runner.run_starter, args=(stop,), daemon=True).start()
+    try:
+        path = tmp_path / "r"
+        job = make_job("in-order", "test.record", kwargs={"path": str(path)})
+        now = timezone.now()
+        newer = submit(job, scheduled_for=now, run_after=now, trigger=Trigger.SCHEDULE)
+        assert runner.claim_once() == 1
+        older = submit(
+            job,
+            scheduled_for=now - timedelta(seconds=1),
+            run_after=now - timedelta(seconds=1),
+            trigger=Trigger.SCHEDULE,
+        )
+        wait_for(lambda: runner.claim_once() == 1, OUTCOME_TIMEOUT_S)
+
+        for execution in (older, newer):
+            assert wait_for_status(execution, TERMINAL_STATES).status == S.SUCCEEDED
+        assert recorded_ids(path) == [older.pk, newer.pk]
+    finally:
+        stop.set()
