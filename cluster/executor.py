@@ -321,13 +321,20 @@ class Executor:
         )
         if claimed:
             with self._lock:
-                for execution in claimed:
+                # A drain that began while the claim waited for the database (SQLite's write
+                # lock) has already emptied the heap: these go straight back, not into it.
+                keep = self.claiming
+                for execution in claimed if keep else ():
                     self._claimed.add(execution.pk)
                     self._seq += 1
                     heapq.heappush(
                         self._timer_heap,
                         _Scheduled(execution.run_after.timestamp(), self._seq, execution, epoch),
                     )
+            if not keep:
+                for execution in claimed:
+                    executions.hand_back(execution)
+                return 0
             self._wake_starter.set()
         return len(claimed)
 
