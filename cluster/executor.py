@@ -454,12 +454,18 @@ class Executor:
         never leak capacity until the node claims nothing at all. Their rows, still claimed by this
         node, are given back by ``reconcile``."""
         settled: set[int] = set()
+        held: dict[int, LockWatchdog] = {}
         try:
-            self._admit_batch(batch, settled)
+            self._admit_batch(batch, settled, held)
         except Exception:
             with self._lock:
                 unsettled = [i.execution.pk for i in batch if i.execution.pk not in settled]
                 self._claimed.difference_update(unsettled)
+            # A job lock kept alive by its watchdog for a run that will not start would block
+            # every later run of the job for as long as this node lives.
+            for pk in unsettled:
+                if pk in held:
+                    self._release_lock(held[pk])
             logger.exception(
                 "admission of %d runs failed; %d left to reconcile",
                 len(batch),
@@ -467,7 +473,9 @@ class Executor:
                 extra={"node": self.node_id},
             )
 
-    def _admit_batch(self, batch: list[_Scheduled], settled: set[int]) -> None:
+    def _admit_batch(
+        self, batch: list[_Scheduled], settled: set[int], held: dict[int, LockWatchdog]
+    ) -> None:
         """Admission for a batch of claimed runs (new ones due within PREPARE_AHEAD_S and waiting
         ones due for another look): the facts are gathered for the whole batch (a job lock attempt
         per forbid run, one query for blocking runs, one read of live nodes, one query for older
@@ -505,6 +513,7 @@ class Executor:
             else (Lock.NOT_TRIED, None)
             for item in forbid
         }
+        held.update((pk, lock) for pk, (_, lock) in locks.items() if lock is not None)
         starts: list[tuple[_Scheduled, LockWatchdog | None]] = []
         now = time.time()
         for item in candidates:
@@ -531,13 +540,8 @@ class Executor:
                 self._apply(execution, decision)
             settled.add(execution.pk)
         if starts:
-            try:
-                self._start_fast(starts)
-            except Exception:
-                for _, lock in starts:
-                    if lock is not None:
-                        self._release_lock(lock)
-                raise
+            self._start_fast(starts)
+            settled.update(item.execution.pk for item, _ in starts)
 
     def _wait(self, item: _Scheduled, until: float) -> None:
         """Into the waiting room: the starter looks at it again at ``until`` (wall clock)."""
