@@ -1,0 +1,572 @@
+"""The chaos checker on crafted histories: a clean history reports nothing, and each kind of
+violation is reported with its evidence (table-driven, no database, no processes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from cluster.verify import checker as c
+from cluster.verify.checker import (
+    ApiAnomaly,
+    CheckConfig,
+    Execution,
+    Fault,
+    History,
+    JobInfo,
+    PauseWindow,
+    SideEffect,
+    Term,
+    TermClaim,
+    check,
+    history_from_dict,
+    history_to_dict,
+    interval_slots,
+)
+from cluster.verify.history import parse_term_claims, pause_windows, read_side_effects
+
+T0 = 1_800_000_000.0  # a whole second
+SLOTS = 10
+FORBID_REASON = "forbid: previous run still active"
+
+
+def _job(job_id: int) -> JobInfo:
+    return JobInfo(
+        id=job_id,
+        name=f"job-{job_id}",
+        schedule_type="interval",
+        interval_seconds=1,
+        start_at=None,
+        concurrency_policy="forbid",
+        timeout_seconds=10,
+        max_retries=1,
+        created_at=T0 - 30,
+    )
+
+
+def _execution(job: JobInfo, slot: float, **fields: object) -> Execution:
+    term = 1 if slot < T0 + 5 else 2
+    values: dict[str, object] = {
+        "id": job.id * 1000 + int(slot - T0),
+        "job_id": job.id,
+        "job_name": job.name,
+        "concurrency_policy": job.concurrency_policy,
+        "timeout_seconds": job.timeout_seconds,
+        "max_retries": job.max_retries,
+        "interval_seconds": job.interval_seconds,
+        "scheduled_for": slot,
+        "attempt": 1,
+        "trigger": "schedule",
+        "status": "succeeded",
+        "node": "n3",
+        "term": term,
+        "claim_token": None,
+        "created_at": slot - (1.0 if term == 1 else 0.8),
+        "claimed_at": slot - 0.9,
+        "started_at": slot - 0.05,
+        "finished_at": slot + 0.3,
+        "reason": "",
+    }
+    values.update(fields)
+    return Execution(**values)  # type: ignore[arg-type]
+
+
+def _effects(row: Execution, start: float = 0.001, end: float | None = 0.2) -> list[SideEffect]:
+    base = {
+        "execution_id": row.id,
+        "job_id": row.job_id,
+        "scheduled_for": row.scheduled_for,
+        "attempt": row.attempt,
+        "node": row.node,
+        "pid": 4242,
+    }
+    found = [SideEffect(event="start", at=row.scheduled_for + start, **base)]
+    if end is not None:
+        found.append(SideEffect(event="end", at=row.scheduled_for + end, **base))
+    return found
+
+
+def clean() -> History:
+    """Two forbid jobs, ten 1 s slots each, every one run once; term 1 (n1) hands over to term 2
+    (n2) by a SIGTERM at T0 + 4."""
+    jobs = [_job(1), _job(2)]
+    executions, effects = [], []
+    for job in jobs:
+        for k in range(SLOTS):
+            row = _execution(job, T0 + k)
+            executions.append(row)
+            effects += _effects(row)
+    return History(
+        jobs=jobs,
+        executions=executions,
+        side_effects=effects,
+        terms=[
+            Term(1, "n1", T0 - 20, T0 + 4.0, "stepped_down"),
+            Term(2, "n2", T0 + 4.1, None, ""),
+        ],
+        term_claims=[TermClaim("n1", 1, T0 - 20), TermClaim("n2", 2, T0 + 4.1)],
+        faults=[Fault("sigterm_leader", "n1", T0 + 4.0, T0 + 4.0, pid=1111)],
+        window_start=T0,
+        window_end=T0 + SLOTS - 1,
+        stop_at=T0 + SLOTS,
+    )
+
+
+# --- small editing helpers for the table ---------------------------------------------------------
+
+
+def _find(h: History, job_id: int, k: int, attempt: int = 1) -> Execution:
+    return next(
+        e
+        for e in h.executions
+        if e.job_id == job_id and e.scheduled_for == T0 + k and e.attempt == attempt
+    )
+
+
+def _replace_row(h: History, job_id: int, k: int, **fields: object) -> Execution:
+    old = _find(h, job_id, k)
+    new = dataclasses.replace(old, **fields)
+    h.executions[h.executions.index(old)] = new
+    return new
+
+
+def _drop_effects(h: History, execution_id: int, event: str | None = None) -> None:
+    h.side_effects = [
+        s
+        for s in h.side_effects
+        if not (s.execution_id == execution_id and (event is None or s.event == event))
+    ]
+
+
+def _move_effect(h: History, execution_id: int, event: str, at: float) -> None:
+    h.side_effects = [
+        dataclasses.replace(s, at=at) if s.execution_id == execution_id and s.event == event else s
+        for s in h.side_effects
+    ]
+
+
+def _add_row(h: History, row: Execution, *, started: bool = True) -> None:
+    h.executions.append(row)
+    if started:
+        h.side_effects += _effects(row, start=0.5, end=0.7)
+
+
+# --- mutations: each returns nothing and edits the clean history ---------------------------------
+
+
+def body_twice(h: History) -> None:
+    row = _find(h, 1, 0)
+    h.side_effects.append(_effects(row, start=0.05)[0])
+
+
+def retry_of_a_success(h: History) -> None:
+    first = _find(h, 1, 2)
+    _add_row(h, dataclasses.replace(first, id=99_001, attempt=2, trigger="retry"))
+
+
+def two_succeeded_rows(h: History) -> None:
+    first = _find(h, 2, 3)
+    h.executions.append(dataclasses.replace(first, id=99_002, attempt=2, trigger="retry"))
+
+
+def retry_after_lost(h: History) -> None:
+    lost = _replace_row(h, 1, 2, status="lost", reason="node n3 stopped heartbeating")
+    _drop_effects(h, lost.id, "end")
+    _add_row(h, dataclasses.replace(lost, id=99_003, attempt=2, status="succeeded", reason=""))
+
+
+def slot_without_row(h: History) -> None:
+    row = _find(h, 2, 4)
+    h.executions.remove(row)
+    _drop_effects(h, row.id)
+
+
+def skipped_without_reason(h: History) -> None:
+    row = _replace_row(h, 2, 5, status="skipped", reason="")
+    _drop_effects(h, row.id)
+
+
+def left_pending(h: History) -> None:
+    """Slot 6 still pending when the cluster stopped, long after it was due."""
+    row = _replace_row(h, 1, 6, status="pending", started_at=None, finished_at=None)
+    _drop_effects(h, row.id)
+    h.stop_at = T0 + 6 + c.CheckConfig().pending_bound_s + 1
+    h.terms[1] = dataclasses.replace(h.terms[1], ended_at=h.stop_at, end_reason="stepped_down")
+
+
+def deferred_at_the_stop(h: History) -> None:
+    """Slot 8 still pending at the stop, two seconds after it was due: deferred, not lost."""
+    row = _replace_row(h, 1, 8, status="pending", started_at=None, finished_at=None)
+    _drop_effects(h, row.id)
+
+
+def lost_in_flight(h: History) -> None:
+    row = _replace_row(h, 1, 3, status="lost", reason="node n3 stopped heartbeating")
+    _drop_effects(h, row.id, "end")
+
+
+def paused_for_a_while(h: History) -> None:
+    for k in (4, 5, 6):
+        row = _find(h, 2, k)
+        h.executions.remove(row)
+        _drop_effects(h, row.id)
+    h.paused.append(PauseWindow(job_id=2, start=T0 + 3.5, end=T0 + 5.2))
+
+
+def forbid_runs_overlap(h: History) -> None:
+    second = _find(h, 1, 1)
+    _move_effect(h, second.id, "start", T0 + 0.1)
+
+
+def overlap_with_an_unknown_end(h: History) -> None:
+    first = _find(h, 1, 0)
+    _drop_effects(h, first.id, "end")  # killed: its end is unknown, so no overlap can be shown
+    second = _find(h, 1, 1)
+    _move_effect(h, second.id, "start", T0 + 0.1)
+
+
+def start_after_declared_lost(h: History) -> None:
+    row = _replace_row(h, 2, 7, status="lost", reason="node n3 stopped heartbeating")
+    _move_effect(h, row.id, "start", row.finished_at + 1.5)
+    _move_effect(h, row.id, "end", row.finished_at + 1.7)
+
+
+def start_of_an_unstarted_run(h: History) -> None:
+    _replace_row(h, 2, 8, status="pending", started_at=None, finished_at=None)
+
+
+def left_running(h: History) -> None:
+    row = _replace_row(h, 1, 8, status="running", finished_at=None)
+    _drop_effects(h, row.id, "end")
+
+
+def left_claimed(h: History) -> None:
+    row = _replace_row(
+        h, 1, 9, status="pending", claim_token="tok", started_at=None, finished_at=None
+    )
+    _drop_effects(h, row.id)
+
+
+def overran_its_timeout(h: History) -> None:
+    row = _replace_row(h, 2, 1, status="timed_out", reason="running past its timeout")
+    _replace_row(h, 2, 1, finished_at=row.started_at + 15)
+
+
+def fire_from_a_stale_term(h: History) -> None:
+    _replace_row(h, 1, 7, term=1, created_at=T0 + 6.0)
+
+
+def term_claimed_by_two_nodes(h: History) -> None:
+    h.term_claims.append(TermClaim("n3", 2, T0 + 4.2))
+
+
+def term_row_names_another_node(h: History) -> None:
+    h.term_claims = [TermClaim("n1", 1, T0 - 20), TermClaim("n3", 2, T0 + 4.1)]
+
+
+def slow_handover(h: History) -> None:
+    h.terms[1] = dataclasses.replace(h.terms[1], acquired_at=T0 + 9.5)
+    h.executions = [
+        dataclasses.replace(e, created_at=T0 + 9.6) if e.term == 2 else e for e in h.executions
+    ]
+
+
+def handover_during_a_redis_restart(h: History) -> None:
+    slow_handover(h)
+    h.faults.append(Fault("redis_restart", "redis", T0 + 4.0, T0 + 6.0))
+
+
+def leader_killed_long_before_its_row_closed(h: History) -> None:
+    h.terms[0] = dataclasses.replace(h.terms[0], ended_at=T0 + 9.0, end_reason="node_died")
+    h.terms[1] = dataclasses.replace(h.terms[1], acquired_at=T0 + 9.0)
+    h.executions = [
+        dataclasses.replace(e, created_at=T0 + 9.1) if e.term == 2 else e for e in h.executions
+    ]
+    h.faults = [Fault("sigkill_leader", "n1", T0 + 3.0, T0 + 3.0, pid=1111)]
+
+
+def no_leader_until_the_stop(h: History) -> None:
+    h.terms = [Term(1, "n1", T0 - 20, T0 + 2.0, "lease_lost")]
+    h.term_claims = h.term_claims[:1]
+    h.faults = []
+    h.executions = [dataclasses.replace(e, term=1) for e in h.executions]
+
+
+def skip_with_no_active_blocker(h: History) -> None:
+    row = _replace_row(h, 1, 2, status="skipped", reason=FORBID_REASON)
+    _drop_effects(h, row.id)
+
+
+def skip_behind_a_long_run(h: History) -> None:
+    blocker = _find(h, 1, 1)
+    _move_effect(h, blocker.id, "end", T0 + 2.1)
+    skip_with_no_active_blocker(h)
+
+
+def skip_behind_a_killed_body(h: History) -> None:
+    blocker = _find(h, 1, 1)
+    _drop_effects(h, blocker.id, "end")
+    h.faults.append(Fault("sigkill_worker", "n3", T0 + 1.2, T0 + 1.2, pid=4242))
+    skip_with_no_active_blocker(h)
+
+
+def operator_got_a_500(h: History) -> None:
+    h.api_anomalies.append(ApiAnomaly(T0 + 3, "api_edit job-1", "HTTP 500"))
+
+
+Mutation = Callable[[History], None]
+
+CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
+    ("clean", None, {}),
+    ("body twice", body_twice, {c.DUPLICATE_EXECUTION: "its body started 2 times"}),
+    (
+        "retry of a success",
+        retry_of_a_success,
+        {c.DUPLICATE_EXECUTION: "attempt 2 started although attempt 1 ended succeeded"},
+    ),
+    ("two succeeded rows", two_succeeded_rows, {c.DUPLICATE_EXECUTION: "2 succeeded rows"}),
+    ("retry after lost", retry_after_lost, {}),
+    ("slot without a row", slot_without_row, {c.MISSING_SLOT: "no execution row"}),
+    (
+        "skipped without a reason",
+        skipped_without_reason,
+        {c.MISSING_SLOT: "recorded skipped without a reason"},
+    ),
+    ("left pending", left_pending, {c.MISSING_SLOT: "never run (left pending 11.0 s after"}),
+    ("deferred at the stop", deferred_at_the_stop, {}),
+    ("lost in flight", lost_in_flight, {}),
+    ("paused", paused_for_a_while, {}),
+    ("forbid overlap", forbid_runs_overlap, {c.FORBID_OVERLAP: "ran at the same time"}),
+    ("overlap, end unknown", overlap_with_an_unknown_end, {}),
+    (
+        "start after lost",
+        start_after_declared_lost,
+        {c.START_AFTER_LOST: "s after the run was recorded lost"},
+    ),
+    (
+        "start of an unstarted run",
+        start_of_an_unstarted_run,
+        {c.START_AFTER_LOST: "recorded pending"},
+    ),
+    ("left running", left_running, {c.STUCK_RUNNING: "left running after the cluster stopped"}),
+    ("left claimed", left_claimed, {c.STUCK_RUNNING: "left pending and claimed by n3"}),
+    ("overran", overran_its_timeout, {c.STUCK_RUNNING: "past its timeout (10 s)"}),
+    ("stale term", fire_from_a_stale_term, {c.STALE_TERM_WRITE: "created by term 1"}),
+    ("term twice", term_claimed_by_two_nodes, {c.TERM_HELD_TWICE: "claimed by several nodes"}),
+    ("term row", term_row_names_another_node, {c.TERM_HELD_TWICE: "but its row names n2"}),
+    ("slow handover", slow_handover, {c.LEADER_GAP: "no leader for 5.50 s"}),
+    ("gap excused", handover_during_a_redis_restart, {}),
+    (
+        "leader killed",
+        leader_killed_long_before_its_row_closed,
+        {c.LEADER_GAP: "no leader for 6.00 s between term 1 and term 2"},
+    ),
+    ("leader gone", no_leader_until_the_stop, {c.LEADER_GAP: "until the cluster stopped"}),
+    ("unjustified skip", skip_with_no_active_blocker, {c.UNJUSTIFIED_SKIP: FORBID_REASON}),
+    ("justified skip", skip_behind_a_long_run, {}),
+    ("skip behind a killed body", skip_behind_a_killed_body, {c.UNJUSTIFIED_SKIP: "slot"}),
+    ("api anomaly", operator_got_a_500, {c.API_ANOMALY: "HTTP 500"}),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "expected"), CASES, ids=[case[0] for case in CASES])
+def test_checker_reports_exactly_the_expected_kinds(
+    name: str, mutate: Mutation | None, expected: dict[str, str]
+) -> None:
+    history = clean()
+    if mutate is not None:
+        mutate(history)
+    report = check(history)
+    found = report.by_kind()
+    assert set(found) == set(expected), report.render()
+    for kind, fragment in expected.items():
+        assert any(fragment in v.message for v in found[kind]), report.render()
+        assert all(v.evidence for v in found[kind])
+    assert report.ok == (not expected)
+
+
+def test_every_kind_is_covered_by_the_table() -> None:
+    covered = {kind for _, _, expected in CASES for kind in expected}
+    assert covered == set(c.VIOLATION_KINDS)
+
+
+def test_clean_report_counts() -> None:
+    report = check(clean())
+    assert report.slots_checked == 2 * SLOTS
+    assert report.runs == 2 * SLOTS
+    assert report.executions == 2 * SLOTS
+    assert report.indeterminate == 0
+    assert report.max_leader_gap_s == pytest.approx(0.1)
+    assert report.faults_by_kind == {"sigterm_leader": 1}
+    assert "violations: none" in report.render()
+
+
+def test_lost_runs_are_indeterminate_not_violations() -> None:
+    history = clean()
+    lost_in_flight(history)
+    report = check(history)
+    assert report.ok
+    assert report.indeterminate == 1
+
+
+def test_render_groups_violations_by_kind_with_evidence() -> None:
+    history = clean()
+    body_twice(history)
+    slot_without_row(history)
+    text = check(history, CheckConfig(shown_per_kind=1)).render()
+    assert f"  {c.DUPLICATE_EXECUTION}: 1" in text
+    assert f"  {c.MISSING_SLOT}: 1" in text
+    assert "evidence: " in text
+
+
+def test_history_round_trips_through_json() -> None:
+    history = clean()
+    skip_behind_a_killed_body(history)
+    paused_for_a_while(history)
+    operator_got_a_500(history)
+    again = history_from_dict(json.loads(json.dumps(history_to_dict(history))))
+    assert again == history
+    assert check(again).by_kind().keys() == check(history).by_kind().keys()
+
+
+def test_interval_slots_are_aligned_to_the_epoch_or_start_at() -> None:
+    job = _job(1)
+    assert list(interval_slots(job, T0 - 0.5, T0 + 2)) == [T0, T0 + 1, T0 + 2]
+    every_5 = dataclasses.replace(job, interval_seconds=5, start_at=T0 + 2)
+    assert list(interval_slots(every_5, T0, T0 + 12)) == [T0 + 2, T0 + 7, T0 + 12]
+
+
+# --- the history readers (pure parts) ------------------------------------------------------------
+
+
+def test_term_claims_are_read_from_json_and_text_logs() -> None:
+    json_log = "\n".join(
+        [
+            json.dumps({"ts": "2027-01-15T08:00:00.250+00:00", "msg": "started leading (term 7)"}),
+            json.dumps(
+                {"ts": "2027-01-15T08:00:00.100+00:00", "msg": "n1 started leading x in term 7"}
+            ),
+            "node n1 running (pid 12)",
+            '{"ts": "2027-01-15T08:00:01',  # cut short by a SIGKILL
+        ]
+    )
+    claims = parse_term_claims("n1", json_log, source="n1.0.log")
+    assert [(cl.node_id, cl.term, cl.source) for cl in claims] == [("n1", 7, "n1.0.log")]
+    assert claims[0].at == datetime(2027, 1, 15, 8, 0, 0, 250_000, tzinfo=UTC).timestamp()
+    text_log = "2027-01-15 08:00:00,250 INFO cluster.node started leading (term 3)\n"
+    assert [cl.term for cl in parse_term_claims("n2", text_log)] == [3]
+
+
+def test_side_effect_log_skips_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "effects.jsonl"
+    line = {
+        "event": "start",
+        "execution_id": 5,
+        "job_id": 1,
+        "scheduled_for": T0,
+        "attempt": 1,
+        "node": "n1",
+        "pid": 9,
+        "at": T0 + 0.01,
+    }
+    path.write_text(json.dumps(line) + "\n" + '{"event": "end", "execution_id": 5, "at"')
+    assert read_side_effects(path) == [SideEffect("start", 5, 1, T0, 1, "n1", 9, T0 + 0.01)]
+    assert read_side_effects(tmp_path / "missing.jsonl") == []
+
+
+def test_pause_windows_pair_pause_and_resume() -> None:
+    events = [("resume", 1, 5.0), ("pause", 1, 2.0), ("pause", 2, 3.0), ("resume", 3, 1.0)]
+    assert pause_windows(events, end=9.0) == [
+        PauseWindow(job_id=1, start=2.0, end=5.0),
+        PauseWindow(job_id=2, start=3.0, end=9.0),
+    ]
+
+
+# --- notes: worth reading, not violations ------------------------------------------------------
+
+
+def _frozen_body_declared_lost(h: History) -> None:
+    """n3 (pid 4242) frozen from T0 + 1.1 to T0 + 4.5 inside the body of job 1's slot 1, which
+    the cluster declared lost at T0 + 3.3; the body ended when the node resumed."""
+    row = _replace_row(h, 1, 1, status="lost", reason="node n3 is gone", finished_at=T0 + 3.3)
+    _move_effect(h, row.id, "end", T0 + 4.6)
+    h.faults.append(Fault("sigstop_worker", "n3", T0 + 1.1, T0 + 4.5, pid=4242))
+
+
+def test_an_overlap_behind_a_body_frozen_inside_is_a_note_not_a_violation() -> None:
+    history = clean()
+    _frozen_body_declared_lost(history)
+    report = check(history)
+    assert report.ok, report.render()
+    assert {n.kind for n in report.notes} == {c.FROZEN_BODY_OVERLAP}
+    assert len(report.notes) == 3  # slots 2, 3 and 4 ran beside the resumed body
+    assert "notes (not violations): 3" in report.render()
+
+
+def test_the_same_overlap_without_a_freeze_is_a_violation() -> None:
+    history = clean()
+    _frozen_body_declared_lost(history)
+    history.faults.pop()
+    report = check(history)
+    assert set(report.by_kind()) == {c.FORBID_OVERLAP}
+    assert {n.kind for n in report.notes} == {c.LOST_WHILE_RUNNING}
+
+
+def test_a_run_declared_lost_while_its_node_ran_it_is_a_note() -> None:
+    history = clean()
+    row = _replace_row(history, 2, 3, status="lost", reason="node n3 is gone", finished_at=T0 + 3.1)
+    report = check(history)
+    assert report.ok
+    [note] = report.notes
+    assert note.kind == c.LOST_WHILE_RUNNING
+    assert f"execution {row.id}: declared lost at" in note.message
+    # Cut off from the database, its presence really expired: nothing to note.
+    history.faults.append(Fault("db_down", "database", T0 + 2.5, T0 + 5.0))
+    assert check(history).notes == []
+
+
+def test_a_pause_excuses_the_slots_the_lagging_leader_had_not_written() -> None:
+    """Paused at T0 + 6.5 while the leader, behind, had written slots up to T0 + 4 only: slots 5
+    and 6 were never created, and need not be."""
+    history = clean()
+    for k in (5, 6, 7):
+        row = _find(history, 2, k)
+        history.executions.remove(row)
+        _drop_effects(history, row.id)
+    history.executions = [
+        dataclasses.replace(e, created_at=T0 + 7.0)
+        if e.job_id == 2 and e.scheduled_for > T0 + 7
+        else e
+        for e in history.executions
+    ]
+    history.paused.append(PauseWindow(job_id=2, start=T0 + 6.5, end=T0 + 6.9))
+    assert check(history).ok, check(history).render()
+    # Without the pause, the three slots are missing.
+    history.paused.clear()
+    assert len(check(history).by_kind()[c.MISSING_SLOT]) == 3
+
+
+def test_a_retry_skipped_by_forbid_is_judged_at_its_backoff_instant() -> None:
+    """Attempt 2 of slot 2, due at T0 + 3.1 after its backoff, is skipped while slot 3's body runs:
+    justified (at the slot's own instant nothing ran)."""
+    history = clean()
+    first = _replace_row(history, 1, 2, status="lost", reason="node n3 is gone")
+    retry = dataclasses.replace(
+        first,
+        id=99_010,
+        attempt=2,
+        trigger="retry",
+        status="skipped",
+        reason=FORBID_REASON,
+        run_after=T0 + 3.1,
+        finished_at=T0 + 3.1,
+    )
+    history.executions.append(retry)
+    assert check(history).ok, check(history).render()
+    history.executions[-1] = dataclasses.replace(retry, run_after=None, finished_at=T0 + 2.0)
+    assert set(check(history).by_kind()) == {c.UNJUSTIFIED_SKIP}
