@@ -11,10 +11,13 @@ older run still waiting) and applies the decision through ``jobs.executions``; n
 clock, the database or the coordination backend, so every rule is table-tested.
 
 forbid skips a run only when a run known to be active (its node renews its presence) was already
-running at this run's due instant. A previous run that started *after* that instant (both were late,
-e.g. catching up after a failover) is waited for instead, so late runs go one after the other, and
-so is a run on a node that stopped renewing (it is about to be declared dead and ended). Waiting ends
-at the job's misfire grace, counted from when the run became runnable.
+running at this run's due instant and still is FORBID_SETTLE_S later: a predecessor whose body has
+just ended but whose outcome is not written yet (the finisher batches its writes) is not active,
+and the run starts that much late instead of being skipped. A previous run that started *after*
+that instant (both were late, e.g. catching up after a failover) is waited for instead, so late
+runs go one after the other, and so is a run on a node that stopped renewing (it is about to be
+declared dead and ended). Waiting ends at the job's misfire grace, counted from when the run
+became runnable.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ REASON_FORBID = "forbid: previous run still active"
 REASON_MISFIRE_STALE = "misfire: not started within the grace period ({grace} s)"
 REASON_LOCK_WAIT = "misfire: waited for the job lock past the grace period ({grace} s)"
 
+# How long after its due instant a forbid run waits for a running predecessor to be recorded done
+# before it is skipped (seconds).
+FORBID_SETTLE_S = 0.25
 # How often a waiting run looks again (seconds).
 WAIT_POLL_S = 0.1
 # A buffer_one run waiting for the running one is claimed again after this (seconds).
@@ -114,13 +120,16 @@ def admit(facts: Facts) -> Decision:
         return Start()
     blocker = facts.blocker
     if (
-        facts.now >= facts.due
-        and blocker is not None
+        blocker is not None
         and blocker.certain
         and blocker.started_at is not None
         and blocker.started_at <= facts.due_instant
+        and facts.now >= facts.due
     ):
-        return Skip(REASON_FORBID)
+        settled_at = facts.due + FORBID_SETTLE_S
+        if facts.now >= settled_at:
+            return Skip(REASON_FORBID)
+        return Wait(max(0.001, min(WAIT_POLL_S, settled_at - facts.now)))
     give_up = max(facts.due, facts.runnable_since) + max(facts.grace_s, 1)
     if facts.now > give_up:
         return Skip(REASON_LOCK_WAIT.format(grace=_seconds(facts.grace_s)))

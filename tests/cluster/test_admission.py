@@ -8,6 +8,7 @@ import pytest
 
 from cluster.admission import (
     BUFFER_RECHECK_S,
+    FORBID_SETTLE_S,
     LOCK_UNAVAILABLE_RETRY_S,
     REASON_FORBID,
     REASON_LOCK_WAIT,
@@ -73,9 +74,19 @@ CASES = [
         HandBack(LOCK_UNAVAILABLE_RETRY_S),
     ),
     (
-        "forbid-active-at-instant",
-        facts(lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
+        "forbid-active-at-instant-and-after-the-settle",
+        facts(now=DUE + FORBID_SETTLE_S, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
         Skip(REASON_FORBID),
+    ),
+    (
+        "forbid-active-at-instant-waits-for-its-record",
+        facts(lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "forbid-settle-ends-on-time",
+        facts(now=DUE + FORBID_SETTLE_S - 0.05, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
+        Wait(0.05),
     ),
     (
         "forbid-judged-only-at-instant",
