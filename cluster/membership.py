@@ -106,11 +106,6 @@ class Membership:
         with self._lock:
             return max(0.0, self.clock.monotonic() - self._steady_since)
 
-    def forget(self) -> None:
-        """Drop the confirmation (draining, tests): nothing new may start until the next renewal."""
-        with self._lock:
-            self._confirmed_until = float("-inf")
-
 
 class Liveness(enum.Enum):
     ALIVE = "alive"  # renews its presence on time

@@ -16,7 +16,7 @@ On MariaDB, names compare case-insensitively (utf8mb4_unicode_ci): do not rely o
 leases apart.
 
 Heartbeats keep presence only (``stores_heartbeat_payload = False``): a node's details live in its
-``SchedulerNode`` row, so ``live_nodes`` maps each live node id to ``{}``.
+``SchedulerNode`` row, so ``live_nodes`` maps each live node id to its expiry alone.
 """
 
 from __future__ import annotations
