@@ -6,6 +6,10 @@
                        buffer_one waiting its turn; the lock service unable to answer)
     Wait(seconds)      look again later (the job lock is about to free, an older run goes first)
 
+A run behind an older fire of its job that no node holds is handed back rather than kept waiting:
+a claim held while waiting counts against its node's capacity, and nodes full of such claims would
+never claim the older fire they all wait for.
+
 The executor gathers the facts (the job lock, the blocking run and whether its node is alive, an
 older run still waiting) and applies the decision through ``jobs.executions``; nothing here reads the
 clock, the database or the coordination backend, so every rule is table-tested.
@@ -72,6 +76,8 @@ class Facts:
     lock: Lock = Lock.NOT_NEEDED
     blocker: Blocker | None = None
     older_waiting: bool = False  # an earlier fire of the job is due and not started
+    # ... and no node holds it (handed back after an outage, or by the reaper): it must be claimed
+    older_unclaimed: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,12 @@ def admit(facts: Facts) -> Decision:
     give_up = max(facts.due, facts.runnable_since) + max(facts.grace_s, 1)
     if facts.now > give_up:
         return Skip(REASON_LOCK_WAIT.format(grace=_seconds(facts.grace_s)))
+    if facts.older_waiting and facts.older_unclaimed:
+        # Waiting here would hold a claim, and so capacity, for a run that cannot go before one
+        # nobody holds: with every node full of such runs, the older fire is never claimed
+        # (found by the chaos run after a database outage). Give it back as it was (its run_after
+        # unchanged, so fires are claimed again in their order, oldest first).
+        return HandBack()
     if facts.now < facts.due:
         return Wait(max(0.001, min(WAIT_POLL_S, facts.due - facts.now)))
     return Wait(WAIT_POLL_S)

@@ -80,6 +80,11 @@ REASON_SHUT_DOWN = "node {node} shut down before the run finished"
 REASON_UNTRACKED = "node {node} lost track of the run (an error in its hot path)"
 # A row this node holds but does not track is a leftover once it is this old (seconds).
 RECONCILE_AFTER_S = 5.0
+# A run whose admission batch failed (the database went away) is looked at again after this, up to
+# ADMISSION_ATTEMPTS times; then it is left to ``reconcile``. Keeping it tracked means no other run of
+# its job waits RECONCILE_AFTER_S behind a claim nobody would act on.
+ADMISSION_RETRY_S = 0.5
+ADMISSION_ATTEMPTS = 20
 REASON_BLOCKER_GONE = "node {node} is gone (its presence expired) while the run was active"
 
 
@@ -188,6 +193,8 @@ class _Scheduled:
     execution: JobExecution = field(compare=False)
     # The node's membership epoch when it claimed the run: a lapse since voids the claim.
     epoch: int = field(default=0, compare=False)
+    # Admission batches that failed with this run in them (the database went away mid-batch).
+    failures: int = field(default=0, compare=False)
 
 
 @dataclass(order=True)
@@ -449,27 +456,36 @@ class Executor:
             connection.close()
 
     def _prepare_batch(self, batch: list[_Scheduled]) -> None:
-        """``_admit_batch``, and if it fails (the database or the lock service went away in the
-        middle), the runs it had not settled stop counting against capacity: a failed batch must
-        never leak capacity until the node claims nothing at all. Their rows, still claimed by this
-        node, are given back by ``reconcile``."""
+        """``_admit_batch``; if it fails (the database or the lock service went away in the
+        middle), the runs it had not settled go back to the waiting room and are admitted again
+        ADMISSION_RETRY_S later, so they start as soon as the database answers. A run that keeps
+        failing (ADMISSION_ATTEMPTS) stops counting against capacity: a failed batch must never
+        leak capacity until the node claims nothing at all. Its row, still claimed by this node,
+        is given back by ``reconcile``."""
         settled: set[int] = set()
         held: dict[int, LockWatchdog] = {}
         try:
             self._admit_batch(batch, settled, held)
         except Exception:
-            with self._lock:
-                unsettled = [i.execution.pk for i in batch if i.execution.pk not in settled]
-                self._claimed.difference_update(unsettled)
+            unsettled = [item for item in batch if item.execution.pk not in settled]
             # A job lock kept alive by its watchdog for a run that will not start would block
             # every later run of the job for as long as this node lives.
-            for pk in unsettled:
-                if pk in held:
-                    self._release_lock(held[pk])
+            for item in unsettled:
+                if item.execution.pk in held:
+                    self._release_lock(held[item.execution.pk])
+            retried = 0
+            for item in unsettled:
+                item.failures += 1
+                if item.failures < ADMISSION_ATTEMPTS and self.claiming:
+                    self._wait(item, time.time() + ADMISSION_RETRY_S)
+                    retried += 1
+                else:
+                    self._forget(item.execution.pk)
             logger.exception(
-                "admission of %d runs failed; %d left to reconcile",
+                "admission of %d runs failed; %d to try again, %d left to reconcile",
                 len(batch),
-                len(unsettled),
+                retried,
+                len(unsettled) - retried,
                 extra={"node": self.node_id},
             )
 
@@ -527,6 +543,7 @@ class Executor:
                     lock=state,
                     blocker=blockers.get(execution.job_id),
                     older_waiting=execution.pk in older,
+                    older_unclaimed=older.get(execution.pk, False),
                 )
             )
             if isinstance(decision, Start):
@@ -675,28 +692,32 @@ class Executor:
                     )
         return blockers
 
-    def _older_waiting(self, items: list[_Scheduled]) -> set[int]:
+    def _older_waiting(self, items: list[_Scheduled]) -> dict[int, bool]:
         """The runs of ``items`` behind an earlier fire of the same job that is due and not
-        started: that one goes first (catch-up runs keep their order). One query."""
+        started: that one goes first (catch-up runs keep their order). Maps each such run to
+        whether one of those earlier fires is held by no node. One query."""
         if not items:
-            return set()
+            return {}
         pending = list(
             JobExecution.objects.filter(
                 job_id__in={i.execution.job_id for i in items},
                 status=S.PENDING,
                 run_after__lte=timezone.now(),
-            ).values_list("pk", "job_id", "scheduled_for")
+            ).values_list("pk", "job_id", "scheduled_for", "claim_token")
         )
-        return {
-            item.execution.pk
-            for item in items
-            if any(
-                job_id == item.execution.job_id
-                and scheduled_for < item.execution.scheduled_for
-                and pk != item.execution.pk
-                for pk, job_id, scheduled_for in pending
-            )
-        }
+        older: dict[int, bool] = {}
+        for item in items:
+            execution = item.execution
+            before = [
+                token
+                for pk, job_id, scheduled_for, token in pending
+                if job_id == execution.job_id
+                and scheduled_for < execution.scheduled_for
+                and pk != execution.pk
+            ]
+            if before:
+                older[execution.pk] = any(token is None for token in before)
+        return older
 
     def _try_job_lock(self, execution: JobExecution) -> tuple[Lock, LockWatchdog | None]:
         """The job lock, kept alive by a watchdog while held."""

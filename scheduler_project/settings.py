@@ -140,6 +140,12 @@ elif _db["ENGINE"] in {"django.db.backends.mysql"}:
         "init_command": "SET sql_mode='STRICT_TRANS_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,"
         "ERROR_FOR_DIVISION_BY_ZERO', innodb_lock_wait_timeout=10",
         "isolation_level": "read committed",
+        # A database behind a partition (no reset, no answer) must fail a call, not hang the
+        # thread that made it: a node's loops would stall with their claims and locks. The
+        # read/write bound stays above innodb_lock_wait_timeout (10 s) so a lock wait ends first.
+        "connect_timeout": env_int("SCHEDULER_DB_CONNECT_TIMEOUT_S", 5),
+        "read_timeout": env_int("SCHEDULER_DB_IO_TIMEOUT_S", 20),
+        "write_timeout": env_int("SCHEDULER_DB_IO_TIMEOUT_S", 20),
     }
     _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
     if os.environ.get("SCHEDULER_TEST_DB"):

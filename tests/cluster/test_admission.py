@@ -114,6 +114,27 @@ CASES = [
         Wait(WAIT_POLL_S),
     ),
     (
+        "forbid-behind-an-older-fire-nobody-holds-gives-its-claim-back",
+        facts(lock=Lock.NOT_TRIED, older_waiting=True, older_unclaimed=True),
+        HandBack(),
+    ),
+    (
+        "forbid-behind-an-unclaimed-older-fire-before-its-own-instant",
+        facts(now=DUE - 0.5, lock=Lock.NOT_TRIED, older_waiting=True, older_unclaimed=True),
+        HandBack(),
+    ),
+    (
+        "forbid-skips-behind-an-active-run-even-with-an-unclaimed-older-fire",
+        facts(
+            now=DUE + FORBID_SETTLE_S,
+            lock=Lock.NOT_TRIED,
+            blocker=ACTIVE_BEFORE,
+            older_waiting=True,
+            older_unclaimed=True,
+        ),
+        Skip(REASON_FORBID),
+    ),
+    (
         "forbid-lock-not-tried-behind-an-older-fire",
         facts(lock=Lock.NOT_TRIED, older_waiting=True),
         Wait(WAIT_POLL_S),

@@ -33,6 +33,7 @@ from cluster.executor import (
     Executor,
 )
 from cluster.membership import Membership
+from jobs import executions
 from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
 from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
@@ -653,8 +654,11 @@ def test_reconcile_gives_back_rows_this_node_holds_but_does_not_track(executor):
 
 
 def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
-    """The database goes away in the middle of a batch: the runs stop counting against capacity
-    (a node that leaks them ends up claiming nothing at all), and the audit gives the rows back."""
+    """The database stays away: each admission of the run fails. After ADMISSION_ATTEMPTS the run
+    stops counting against capacity (a node that leaks them ends up claiming nothing at all), and
+    the audit gives the row back."""
+    monkeypatch.setattr(executor_module, "ADMISSION_RETRY_S", 0.01)
+    monkeypatch.setattr(executor_module, "ADMISSION_ATTEMPTS", 3)
     job = make_job("unlucky", "noop")
     execution = submit(job)
     calls = []
@@ -665,7 +669,7 @@ def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
 
     monkeypatch.setattr(executor_module.executions, "start_batch", failing_start_batch)
     assert executor.claim_once() == 1
-    wait_for(lambda: calls and executor.load == 0, OUTCOME_TIMEOUT_S)
+    wait_for(lambda: len(calls) == 3 and executor.load == 0, OUTCOME_TIMEOUT_S)
     monkeypatch.undo()
 
     assert executor.reconcile(now=timezone.now() + timedelta(seconds=RECONCILE_AFTER_S + 1)) == (
@@ -676,6 +680,29 @@ def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
     assert (row.status, row.claim_token) == (S.PENDING, None)
     done = run_to_outcome(executor, row)
     assert done.status == S.SUCCEEDED
+
+
+def test_a_run_whose_admission_failed_starts_once_the_database_answers(executor, monkeypatch):
+    """The database goes away in the middle of a batch, briefly: the run stays tracked and is
+    admitted again ADMISSION_RETRY_S later; it starts then, not after the audit's
+    RECONCILE_AFTER_S (every later fire of a forbid job waited behind such a claim)."""
+    job = make_job("brief-outage", "noop")
+    execution = submit(job)
+    calls = []
+    real_start_batch = executor_module.executions.start_batch
+
+    def flaky_start_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OperationalError("(2013, 'Lost connection to server during query')")
+        return real_start_batch(*args, **kwargs)
+
+    monkeypatch.setattr(executor_module.executions, "start_batch", flaky_start_batch)
+    assert executor.claim_once() == 1
+    done = wait_for_status(execution, TERMINAL_STATES)
+    assert done.status == S.SUCCEEDED
+    assert len(calls) == 3
+    assert (done.started_at - done.claimed_at).total_seconds() < RECONCILE_AFTER_S
 
 
 def test_runs_waiting_their_turn_do_not_hold_the_capacity_the_older_fire_needs(tmp_path):
@@ -707,10 +734,86 @@ def test_runs_waiting_their_turn_do_not_hold_the_capacity_the_older_fire_needs(t
             run_after=now - timedelta(seconds=1),
             trigger=Trigger.SCHEDULE,
         )
-        wait_for(lambda: runner.claim_once() == 1, OUTCOME_TIMEOUT_S)
-
+        # The node's claim loop: the newer fire gives its claim back while the older one is
+        # unclaimed, and both are claimed again, oldest first.
+        wait_for(
+            lambda: (
+                runner.claim_once() >= 0
+                and JobExecution.objects.filter(pk=newer.pk, status__in=TERMINAL_STATES).exists()
+            ),
+            OUTCOME_TIMEOUT_S,
+        )
         for execution in (older, newer):
             assert wait_for_status(execution, TERMINAL_STATES).status == S.SUCCEEDED
         assert recorded_ids(path) == [older.pk, newer.pk]
+    finally:
+        stop.set()
+
+
+def test_nodes_full_of_waiting_runs_still_claim_the_older_fire_they_wait_for(tmp_path):
+    """Two nodes of capacity 1 hold, in their waiting rooms, every newer fire of a forbid job
+    while an older fire is claimed elsewhere. That older fire then comes back to the queue (its
+    node's claims handed back after a database outage, or reaped). Waiting runs must not keep
+    both nodes full: they go back, the older fire is claimed and runs first, then the rest in
+    order. Before the fix both nodes stayed full until the job's misfire grace (the chaos run
+    saw 16 s of nothing claimed after a database outage)."""
+    backend = MemoryBackend()
+    runners = []
+    for name in ("wait-a", "wait-b"):
+        membership = Membership(backend, name, ttl_s=PRESENCE_TTL_MS / 1000)
+        membership.renew({})
+        runners.append(
+            Executor(
+                node_id=name,
+                queues=["default"],
+                capacity=1,
+                backend=backend,
+                membership=membership,
+                heartbeat_s=1.0,
+            )
+        )
+    stop = threading.Event()
+    for runner in runners:
+        threading.Thread(target=runner.run_starter, args=(stop,), daemon=True).start()
+    try:
+        path = tmp_path / "r"
+        job = make_job("in-order-2", "test.record", kwargs={"path": str(path)})
+        now = timezone.now()
+        older = submit(
+            job,
+            scheduled_for=now - timedelta(seconds=5),
+            run_after=now - timedelta(seconds=5),
+            trigger=Trigger.SCHEDULE,
+            node="elsewhere",
+            claim_token="elsewhere-1",
+            claimed_at=now,
+        )
+        newer = [
+            submit(
+                job,
+                scheduled_for=now - timedelta(seconds=4 - k),
+                run_after=now - timedelta(seconds=4 - k),
+                trigger=Trigger.SCHEDULE,
+            )
+            for k in range(4)
+        ]
+        # Each node claims until full: one run counted against capacity, one more in the
+        # waiting room's own budget.
+        for runner in runners:
+            wait_for(lambda r=runner: r.claim_once() == 0 and len(r._waiting) == 2, 5)
+        assert not JobExecution.objects.filter(status=S.PENDING, claim_token__isnull=True).exists()
+
+        assert executions.hand_back(older)  # its node gave it up
+        deadline = time.monotonic() + OUTCOME_TIMEOUT_S
+        while (
+            time.monotonic() < deadline
+            and not JobExecution.objects.filter(pk=newer[-1].pk, status=S.SUCCEEDED).exists()
+        ):
+            for runner in runners:
+                runner.claim_once()
+            time.sleep(0.05)
+        statuses = [wait_for_status(e, TERMINAL_STATES).status for e in [older, *newer]]
+        assert statuses == [S.SUCCEEDED] * 5
+        assert recorded_ids(path) == [e.pk for e in [older, *newer]]
     finally:
         stop.set()

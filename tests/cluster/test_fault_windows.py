@@ -13,6 +13,7 @@ import json
 import signal
 import time
 from collections import Counter, defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -155,21 +156,36 @@ def test_sigkill_of_the_leader_just_before_a_slot_loses_only_its_runs_in_flight(
     "writer until it resumes (production runs MariaDB, whose idle-transaction timeout frees it).",
 )
 def test_a_node_frozen_past_its_lease_starts_no_body_the_cluster_took(cluster, tmp_path):
-    """SIGSTOP the leader just before a slot, for longer than the presence TTL, with retries on:
-    the cluster declares its prepared runs lost and retries them elsewhere; on SIGCONT the frozen
-    node must not start those bodies (it did: only the outcome writes were fenced)."""
+    """SIGSTOP, just before a slot, the node that has already marked that slot's runs running, for
+    longer than the presence TTL, with retries on: the cluster declares its prepared runs lost and
+    retries them elsewhere; on SIGCONT the frozen node must not start those bodies (it did: only the
+    outcome writes were fenced)."""
     paths = make_jobs(tmp_path, max_retries=1, retry_backoff_base=0.1, retry_jitter=False)
     for index in range(3):
         cluster.start(f"n{index}")
-    leader, term = wait_for(current_leader, 30)
+    wait_for(current_leader, 30)
     wait_for(lambda: all(len(read_records(p)) >= 3 for p in paths.values()), 20)
 
-    frozen = cluster.nodes[leader]
-    sleep_until_before_slot()
+    # Any node may claim a slot's runs ahead of it: freeze the one that did (the leader need not).
+    frozen_name = None
+    for _ in range(10):
+        now = sleep_until_before_slot(offset_s=0.15)
+        slot = datetime.fromtimestamp(int(now) + 1, tz=UTC)
+        holders = Counter(
+            JobExecution.objects.filter(status=S.RUNNING, scheduled_for=slot).values_list(
+                "node", flat=True
+            )
+        )
+        if holders:
+            frozen_name = holders.most_common(1)[0][0]
+            break
+    assert frozen_name, "no node marked a slot's runs running ahead of it in 10 slots"
+    frozen = cluster.nodes[frozen_name]
     frozen.signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: (found := current_leader()) and found[1] > term, 20)
-        time.sleep(4)  # past the presence TTL: the frozen node's runs are declared lost
+        # Past the presence TTL: the frozen node's runs are declared lost (and retried elsewhere).
+        wait_for(lambda: JobExecution.objects.filter(status=S.LOST, node=frozen_name).exists(), 20)
+        time.sleep(1)
     finally:
         frozen.signal(signal.SIGCONT)
     time.sleep(4)
@@ -178,7 +194,7 @@ def test_a_node_frozen_past_its_lease_starts_no_body_the_cluster_took(cluster, t
 
     declared_lost = {
         row.pk: row.finished_at.timestamp()
-        for row in JobExecution.objects.filter(status=S.LOST, node=leader)
+        for row in JobExecution.objects.filter(status=S.LOST, node=frozen_name)
     }
     late_starts = []
     for job_id, path in paths.items():
