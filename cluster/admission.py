@@ -14,10 +14,13 @@ The executor gathers the facts (the job lock, the blocking run and whether its n
 older run still waiting) and applies the decision through ``jobs.executions``; nothing here reads the
 clock, the database or the coordination backend, so every rule is table-tested.
 
-forbid skips a run only when a run known to be active (its node renews its presence) was already
-running at this run's due instant and still is FORBID_SETTLE_S later: a predecessor whose body has
-just ended but whose outcome is not written yet (the finisher batches its writes) is not active,
-and the run starts that much late instead of being skipped. A previous run that started *after*
+forbid starts a run that holds the job lock: a body holds the lock while it runs and releases it
+as it ends, before its outcome is written, so holding it means no body of the job is active,
+whatever the rows say. Without the lock, forbid skips a run only when a run known to be active
+(its node renews its presence) was already running at this run's due instant and still is
+FORBID_SETTLE_S later: a predecessor whose body has just ended but whose outcome is not written yet
+(the finisher batches its writes) is not active, and the run starts that much late instead of
+being skipped. A previous run that started *after*
 that instant (both were late, e.g. catching up after a failover) is waited for instead, so late
 runs go one after the other, and so is a run on a node that stopped renewing (it is about to be
 declared dead and ended). Waiting ends at the job's misfire grace, counted from when the run
@@ -121,12 +124,18 @@ def admit(facts: Facts) -> Decision:
         return HandBack(LOCK_UNAVAILABLE_RETRY_S)
     if facts.policy == ConcurrencyPolicy.BUFFER_ONE:
         return HandBack(BUFFER_RECHECK_S) if facts.blocker is not None else Start()
-    # forbid
-    if facts.lock == Lock.HELD and facts.blocker is None and not facts.older_waiting:
+    # forbid: the job lock is the truth of whether a body of the job is active (a body holds it
+    # from admission until it ends, and releases it before its outcome is written), so a run that
+    # holds it starts even if a previous run's row still says running (its outcome not written
+    # yet: a finisher that is behind, or a node frozen just after the body ended).
+    if facts.lock == Lock.HELD and not facts.older_waiting:
         return Start()
     blocker = facts.blocker
     if (
         blocker is not None
+        # The lock was asked for and someone holds it: a row alone (the lock not tried because
+        # an older fire goes first) says nothing of whether that body is still on.
+        and facts.lock == Lock.TAKEN
         and blocker.certain
         and blocker.started_at is not None
         and blocker.started_at <= facts.due_instant

@@ -520,12 +520,13 @@ class Executor:
         ]
         blockers = self._blockers(guarded)
         older = self._older_waiting(forbid)
-        # The job lock is tried only by a run that could start: runs behind a blocker or an older
-        # fire would only take it from the run they wait for (a lock taken and dropped ten times
-        # a second by every waiting run starves the one that could go).
+        # The job lock is tried only by a run that could start: runs behind an older fire would
+        # only take it from the run they wait for (a lock taken and dropped ten times a second by
+        # every waiting run starves the one that could go). A run behind a recorded blocker does
+        # try: the lock says whether that blocker's body has really not ended.
         locks: dict[int, tuple[Lock, LockWatchdog | None]] = {
             item.execution.pk: self._try_job_lock(item.execution)
-            if item.execution.job_id not in blockers and item.execution.pk not in older
+            if item.execution.pk not in older
             else (Lock.NOT_TRIED, None)
             for item in forbid
         }
@@ -802,7 +803,8 @@ class Executor:
                     tb=traceback.format_exc(),
                     output=context.output,
                     started=started,
-                )
+                ),
+                body_ended=True,
             )
         else:
             if run.cancel_event.is_set() and run.outcome_reason:
@@ -815,11 +817,15 @@ class Executor:
                         output=context.output,
                         reason=run.outcome_reason,
                         started=started,
-                    )
+                    ),
+                    body_ended=True,
                 )
             else:
                 self._complete(
-                    _Outcome(run, S.SUCCEEDED, result=value, output=context.output, started=started)
+                    _Outcome(
+                        run, S.SUCCEEDED, result=value, output=context.output, started=started
+                    ),
+                    body_ended=True,
                 )
         finally:
             connection.close()
@@ -932,8 +938,13 @@ class Executor:
         )
         return False
 
-    def _complete(self, outcome: _Outcome) -> bool:
-        """Queue the first outcome of a run for the finisher; later ones are dropped."""
+    def _complete(self, outcome: _Outcome, *, body_ended: bool = False) -> bool:
+        """Queue the first outcome of a run for the finisher; later ones are dropped.
+
+        When the body is known to have ended (it returned, or its process is gone), the job lock
+        is released now, before the outcome is written: the next run of a forbid job may start
+        as soon as this body is over, however far behind the finisher is. A thread body given up
+        on (timeout, cancel, lock lost) may still be running: its lock goes after the write."""
         run = outcome.run
         with self._lock:
             if run.completed:
@@ -942,10 +953,18 @@ class Executor:
             self._active.pop(run.execution.pk, None)
             self._unwritten += 1
             self._finishing.add(run.execution.pk)
-        if run.process is not None and run.process.is_alive():
-            run.process.kill()
-            run.process.join(PROCESS_REAP_S)  # reap it: no zombie left behind
+        if run.process is not None:
+            if run.process.is_alive():
+                run.process.kill()
+                run.process.join(PROCESS_REAP_S)  # reap it: no zombie left behind
+            body_ended = body_ended or not run.process.is_alive()
+        lock = None
+        if body_ended:
+            with self._lock:
+                lock, run.lock = run.lock, None
         self._outcomes.put(outcome)
+        if lock is not None:
+            self._release_lock(lock)
         return True
 
     # --- the supervisor: timeouts, cancel requests, lost locks ------------------------------------------

@@ -170,20 +170,25 @@ class NodeRunner:
     def heartbeat_once(self) -> float:
         now = timezone.now()
         status = NodeStatus.DRAINING if self.draining else NodeStatus.ACTIVE
+        # A row marked stopped is never brought back: that is this node's own shutdown, and a
+        # heartbeat in flight when it was written must not make the node look alive again.
         updated = (
             SchedulerNode.objects.filter(node_id=self.config.node_id)
-            .exclude(status=NodeStatus.DEAD)
+            .exclude(status__in=[NodeStatus.DEAD, NodeStatus.STOPPED])
             .update(last_heartbeat=now, running_count=self.executor.running_count, status=status)
         )
-        if not updated:
+        if not updated and not self.stop_event.is_set():
             # Declared dead while we were paused or cut off: our running work was marked lost and
             # retried elsewhere (our own writes on it are fenced by the claim token). Rejoin.
-            logger.warning(
-                "node %s was declared dead; rejoining", self.config.node_id, extra=self._log_extra
-            )
-            SchedulerNode.objects.filter(node_id=self.config.node_id).update(
-                last_heartbeat=now, status=status, running_count=self.executor.running_count
-            )
+            rejoined = SchedulerNode.objects.filter(
+                node_id=self.config.node_id, status=NodeStatus.DEAD
+            ).update(last_heartbeat=now, status=status, running_count=self.executor.running_count)
+            if rejoined:
+                logger.warning(
+                    "node %s was declared dead; rejoining",
+                    self.config.node_id,
+                    extra=self._log_extra,
+                )
         self.executor.apply_cancel_requests()
         if time.monotonic() - self._last_reconcile >= RECONCILE_INTERVAL_S:
             self._last_reconcile = time.monotonic()

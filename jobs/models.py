@@ -203,6 +203,12 @@ class JobExecution(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "queue", "run_after"], name="execution_claim_idx"),
+            # The claim's own order (priority first, then due time): a claim reads, and under
+            # SKIP LOCKED locks, only the rows it takes, not the whole backlog it would sort.
+            models.Index(
+                fields=["status", "queue", "-priority", "run_after", "id"],
+                name="execution_claim_order_idx",
+            ),
             models.Index(fields=["status", "node"], name="execution_node_idx"),
             models.Index(fields=["job", "status"], name="execution_job_status_idx"),
             models.Index(fields=["created_at"], name="execution_created_idx"),

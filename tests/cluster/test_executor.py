@@ -476,25 +476,39 @@ def test_apply_cancel_requests_ignores_runs_nobody_asked_to_cancel(executor, tmp
 
 
 @pytest.mark.parametrize(
-    ("policy", "other_presence_ms", "status", "reason", "other_status"),
+    ("policy", "other_presence_ms", "other_lock_ms", "status", "reason", "other_status"),
     [
-        # The other run's node renews its presence (a TTL like ours): that run really is active.
-        (ConcurrencyPolicy.FORBID, PRESENCE_TTL_MS, S.SKIPPED, REASON_FORBID, S.RUNNING),
-        # Its node's presence expired: the run is not active, it is ended as lost on the spot.
-        (ConcurrencyPolicy.FORBID, None, S.SUCCEEDED, "", S.LOST),
+        # The other run's node renews its presence (a TTL like ours) and its body holds the job
+        # lock: that run really is active.
+        (
+            ConcurrencyPolicy.FORBID,
+            PRESENCE_TTL_MS,
+            PRESENCE_TTL_MS,
+            S.SKIPPED,
+            REASON_FORBID,
+            S.RUNNING,
+        ),
+        # Its node's presence expired (and its lock with it): the run is not active, it is ended
+        # as lost on the spot.
+        (ConcurrencyPolicy.FORBID, None, None, S.SUCCEEDED, "", S.LOST),
         # Its node stopped renewing (about to expire): waited for, then ended as lost.
-        (ConcurrencyPolicy.FORBID, 400, S.SUCCEEDED, "", S.LOST),
-        (ConcurrencyPolicy.ALLOW, PRESENCE_TTL_MS, S.SUCCEEDED, "", S.RUNNING),
+        (ConcurrencyPolicy.FORBID, 400, 450, S.SUCCEEDED, "", S.LOST),
+        # Its node is alive but the body has ended and released the lock; the outcome is not
+        # written yet (a finisher behind, a node frozen just then): not active, no skip.
+        (ConcurrencyPolicy.FORBID, PRESENCE_TTL_MS, None, S.SUCCEEDED, "", S.RUNNING),
+        (ConcurrencyPolicy.ALLOW, PRESENCE_TTL_MS, None, S.SUCCEEDED, "", S.RUNNING),
     ],
-    ids=["forbid-live", "forbid-gone", "forbid-expiring", "allow"],
+    ids=["forbid-live", "forbid-gone", "forbid-expiring", "forbid-ended-not-recorded", "allow"],
 )
 def test_a_run_while_another_of_the_job_is_running(
-    executor, tmp_path, policy, other_presence_ms, status, reason, other_status
+    executor, tmp_path, policy, other_presence_ms, other_lock_ms, status, reason, other_status
 ):
     path = tmp_path / "r"
     job = make_job("overlap", "test.record", kwargs={"path": str(path)}, concurrency_policy=policy)
     if other_presence_ms is not None:
         executor.backend.heartbeat("other-node", other_presence_ms, {})
+    if other_lock_ms is not None:
+        assert executor.backend.acquire_lock(f"job:{job.pk}", other_lock_ms) is not None
     now = timezone.now()
     # Another node's run of the same job, started well before this one became due.
     other = JobExecution.objects.create(
