@@ -45,8 +45,11 @@ def _ensure_fence_row() -> None:
 
 def fence_raise(term: int, holder: str) -> bool:
     """Record ``term``, held by ``holder``, as the newest. False if storage has already seen a
-    newer term, or this very term held by someone else: a term is never minted twice, so a
-    coordination store that restarted without its counter cannot hand out a term again."""
+    newer term, or this very term held by another holder: a term is never minted twice, so a
+    coordination store that restarted without its counter cannot hand out a term again.
+
+    ``holder`` names one tenure, not just a node (see ``tenure``): the same node winning the
+    restarted store's counter again gets the term it held before, and must be refused too."""
     _ensure_fence_row()
     with transaction.atomic():
         stored, stored_holder = (
@@ -60,6 +63,12 @@ def fence_raise(term: int, holder: str) -> bool:
         if stored < term:
             ClusterFence.objects.filter(name=FENCE_NAME).update(term=term, holder=holder)
     return True
+
+
+def tenure(node_id: str, lease_token: str) -> str:
+    """The fence's holder for one acquisition of the lease: its token first (unique per
+    acquisition), then the node for the reader; within the column's 128 characters."""
+    return f"{lease_token} {node_id}"[:128]
 
 
 def fence_current() -> int:

@@ -36,7 +36,7 @@ from cluster import scheduler
 from cluster.coordination import CoordinationBackend, Lease, get_backend
 from cluster.elector import ElectionConfig, LeaderElector
 from cluster.executor import RECONCILE_AFTER_S, Executor
-from cluster.fencing import Fenced, fence_current, fence_raise
+from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
 from cluster.wake import WAKE_CHANNEL
@@ -272,7 +272,7 @@ class NodeRunner:
         if current is None or current.term != lease.term:
             return  # already lost again before it could be recorded
         try:
-            if not fence_raise(lease.term, self.config.node_id):
+            if not fence_raise(lease.term, tenure(self.config.node_id, lease.token)):
                 # Storage has seen this term or a newer one (Redis restarted without persistence
                 # and minted it again): lift the backend's counter past it and campaign again.
                 stored = fence_current()

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from cluster import scheduler
-from cluster.fencing import ERR_FENCED, Fenced, fence_raise
+from cluster.fencing import ERR_FENCED, Fenced, fence_raise, tenure
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
 from cluster.node import LOOKAHEAD_S
 from cluster.scheduler import (
@@ -416,13 +416,31 @@ def test_scheduler_tick_of_a_stale_term_writes_nothing(term, fenced):
 
 def test_a_term_is_never_taken_twice():
     """The same term claimed by another holder (a coordination store that restarted without its
-    counter and minted it again) is refused; the holder itself may claim it again (a retry)."""
+    counter and minted it again) is refused; the holder itself may record it again (a retry of
+    the same tenure)."""
     assert fence_raise(5, "leader-a")
     assert fence_raise(5, "leader-a")
     assert not fence_raise(5, "leader-b")
     assert not fence_raise(4, "leader-b")
     assert fence_raise(6, "leader-b")
     assert not fence_raise(6, "leader-a")
+
+
+def test_the_same_node_winning_a_restarted_counter_again_is_refused_its_old_term():
+    """A tenure is one acquisition of the lease: the node that led in term 6 loses the lease when
+    the coordination store restarts empty, wins the restarted counter's term 6 again (a new
+    lease token) and must be refused, so that it raises the floor and takes a new term."""
+    assert fence_raise(6, tenure("leader-a", "token-1"))
+    assert fence_raise(6, tenure("leader-a", "token-1"))  # the same tenure, recorded again
+    assert not fence_raise(6, tenure("leader-a", "token-2"))
+    assert fence_raise(7, tenure("leader-a", "token-2"))
+
+
+def test_a_tenure_fits_the_fence_column_and_stays_unique():
+    long_node = "n" * 200
+    first, second = tenure(long_node, "a" * 32), tenure(long_node, "b" * 32)
+    assert len(first) == 128
+    assert first != second
 
 
 @pytest.mark.parametrize(("term", "fenced"), [(4, True), (5, False)])
