@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import close_old_connections, connection, transaction
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from cluster import scheduler
-from cluster.coordination import CoordinationBackend, Lease, get_backend
+from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.elector import ElectionConfig, LeaderElector
 from cluster.executor import RECONCILE_AFTER_S, Executor
 from cluster.fencing import Fenced, fence_current, fence_raise, tenure
@@ -62,6 +62,10 @@ RECONCILE_INTERVAL_S = 2.0
 DEFAULT_GRACE_S = 30.0
 STOP_MARK_ATTEMPTS = 5
 LOOP_ERROR_BACKOFF_S = 0.5
+# Registering at start while the database or the coordination backend cannot be reached: the first
+# retry after this, doubling up to REGISTER_RETRY_MAX_S (seconds).
+REGISTER_RETRY_FIRST_S = 0.5
+REGISTER_RETRY_MAX_S = 5.0
 
 
 @dataclass
@@ -420,8 +424,34 @@ class NodeRunner:
 
         _loop(name, self.stop_event, step)
 
-    def start(self) -> None:
-        self.register()
+    def register_when_reachable(self, stop: threading.Event) -> bool:
+        """Register, waiting for the database and the coordination backend as long as it takes
+        (a node started during an outage, or before its database, waits instead of exiting).
+        Retries with backoff up to REGISTER_RETRY_MAX_S, logging each failure. False if ``stop``
+        was set first."""
+        delay = REGISTER_RETRY_FIRST_S
+        while not stop.is_set():
+            try:
+                self.register()
+                return True
+            except (DatabaseError, CoordinationError) as exc:
+                logger.warning(
+                    "cannot register yet (%s: %s); retrying in %.1f s",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                    extra=self._log_extra,
+                )
+                close_old_connections()
+                connection.close()
+            if stop.wait(delay):
+                break
+            delay = min(REGISTER_RETRY_MAX_S, delay * 2)
+        return False
+
+    def start(self, *, registered: bool = False) -> None:
+        if not registered:
+            self.register()
         loops: list[tuple[str, Callable[[], None]]] = [
             ("election", lambda: self.elector.run(self._election_stop)),
             ("presence", lambda: _loop("presence", self.stop_event, self.presence_once)),

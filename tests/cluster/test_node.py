@@ -1,22 +1,45 @@
-"""The node's own heartbeat row: it rejoins after being declared dead, and never brings back a row
-its own shutdown marked stopped (a heartbeat in flight during a drain made a stopped node look
-alive again)."""
+"""The node's own row: it rejoins after being declared dead, never brings back a row its own
+shutdown marked stopped (a heartbeat in flight during a drain made a stopped node look alive
+again), and a node started while its database or Redis cannot be reached waits for them."""
 
 from __future__ import annotations
 
-import pytest
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
+import pytest
+from django.db import OperationalError
+
+from cluster import node as node_module
 from cluster.coordination.memory import MemoryBackend
 from cluster.models import NodeStatus, SchedulerNode
 from cluster.node import NodeConfig, NodeRunner
+from tests.cluster.harness import wait_for
 
-pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parents[2]
+
+# Transactional: waiting to register closes the connection between attempts.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def make_runner(node_id: str) -> NodeRunner:
     runner = NodeRunner(NodeConfig(node_id=node_id), backend=MemoryBackend())
     runner.register()
     return runner
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def status_of(node_id: str) -> str:
@@ -42,3 +65,73 @@ def test_a_heartbeat_never_revives_a_row_marked_stopped() -> None:
     SchedulerNode.objects.filter(node_id="beat-c").update(status=NodeStatus.STOPPED)
     runner.heartbeat_once()
     assert status_of("beat-c") == NodeStatus.STOPPED
+
+
+def unreachable_for(monkeypatch, attempts: int) -> list[int]:
+    """The database refuses the node's registration ``attempts`` times, then answers."""
+    calls: list[int] = []
+    real = SchedulerNode.objects.update_or_create
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) <= attempts:
+            raise OperationalError("(2003, \"Can't connect to server on '127.0.0.1' (111)\")")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(SchedulerNode.objects, "update_or_create", flaky)
+    return calls
+
+
+def test_a_node_started_during_an_outage_registers_once_it_ends(monkeypatch) -> None:
+    monkeypatch.setattr(node_module, "REGISTER_RETRY_FIRST_S", 0.01)
+    calls = unreachable_for(monkeypatch, attempts=3)
+    runner = NodeRunner(NodeConfig(node_id="late-a"), backend=MemoryBackend())
+    assert runner.register_when_reachable(threading.Event())
+    assert len(calls) == 4
+    assert status_of("late-a") == NodeStatus.ACTIVE
+
+
+def test_a_stop_while_waiting_to_register_ends_the_wait(monkeypatch) -> None:
+    unreachable_for(monkeypatch, attempts=10**6)
+    runner = NodeRunner(NodeConfig(node_id="late-b"), backend=MemoryBackend())
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    assert not runner.register_when_reachable(stop)
+    monkeypatch.undo()
+    assert not SchedulerNode.objects.filter(node_id="late-b").exists()
+
+
+@pytest.mark.integration
+def test_runnode_started_without_its_database_waits_and_stops_cleanly(tmp_path) -> None:
+    """A real ``runnode`` whose MariaDB cannot be reached: it logs that it waits, keeps waiting
+    (it used to exit 1 with a traceback), and a SIGTERM ends it with status 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(
+        {
+            "DATABASE_URL": f"mysql://root@127.0.0.1:{closed_port()}/nowhere",
+            "SCHEDULER_VAR_DIR": str(tmp_path),
+            "SCHEDULER_COORDINATION": "database",
+            "DJANGO_SECRET_KEY": "test-secret-key-for-runnode-without-a-database-0123456789",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    log = tmp_path / "node.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "runnode", "--node-id", "no-db"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: "cannot register yet" in log.read_text(), 30)
+            time.sleep(1.0)
+            assert process.poll() is None, log.read_text()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(15) == 0, log.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "stopped before it could register" in log.read_text()

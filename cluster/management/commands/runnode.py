@@ -2,7 +2,8 @@
 
 SIGTERM/SIGINT drain the node: it stops claiming, hands leadership over at once (release, not
 expiry), finishes running work within ``--grace`` seconds (then hands it back as lost, to be retried),
-marks itself stopped and exits 0. Bad options print a message and exit 2.
+marks itself stopped and exits 0. Bad options print a message and exit 2. A node started while the
+database or the coordination backend cannot be reached waits for them (logging each retry).
 """
 
 from __future__ import annotations
@@ -101,7 +102,12 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        node.start()
+        # Started during a database or Redis outage (or before them): wait, logging, instead of
+        # exiting; a signal meanwhile stops the wait and the node exits 0 having run nothing.
+        if not node.register_when_reachable(drain_requested):
+            self.stdout.write(f"node {config.node_id} stopped before it could register")
+            return
+        node.start(registered=True)
         self.stdout.write(f"node {config.node_id} running (pid {os.getpid()})")
         self.stdout.flush()
         while not node.stop_event.is_set():
