@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -58,6 +58,12 @@ ERR_ONCE_IN_PAST = "Is in the past ({value}); a one-off job must be due now or l
 ERR_ARGS_TOO_LARGE = "Serialized arguments are {size} bytes; the limit is {limit} bytes."
 ERR_SPREAD_VS_INTERVAL = "Must be smaller than interval_seconds ({interval})."
 ERR_UNKNOWN_FIELD = "Unknown field."
+ERR_NOT_UNICODE = "Contains a lone surrogate (U+D800 to U+DFFF): not valid Unicode text."
+# Every instant the scheduler stores or compares with: MariaDB's DATETIME range, a day inside it so
+# that no time-zone offset can push a value out (Python's own range overflowed into 500s).
+DATETIME_MIN = datetime(1000, 1, 2, tzinfo=UTC)
+DATETIME_MAX = datetime(9999, 12, 30, tzinfo=UTC)
+ERR_DATETIME_RANGE = "Must be between 1000-01-02 and 9999-12-30 (UTC)."
 ERR_READ_ONLY = "Read-only field."
 
 # Fields a client may set, and the schedule type each schedule-only field belongs to.
@@ -194,12 +200,34 @@ def _boolean(errors: _Errors, field: str, value: Any) -> bool | None:
     return None
 
 
+def is_unicode(text: str) -> bool:
+    """False for text holding a lone surrogate (JSON lets a client send one; no database or
+    encoder can store it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def in_datetime_range(value: datetime) -> bool:
+    """Whether an aware (or UTC-naive) datetime lies in [DATETIME_MIN, DATETIME_MAX]."""
+    try:
+        utc = value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    except (OverflowError, ValueError):
+        return False
+    return DATETIME_MIN <= utc <= DATETIME_MAX
+
+
 def _string(errors: _Errors, field: str, value: Any, limit: int) -> str | None:
     if not isinstance(value, str):
         errors.add(field, ERR_NOT_STRING if value is not None else ERR_REQUIRED)
         return None
     if len(value) > limit:
         errors.add(field, ERR_TOO_LONG.format(limit=limit))
+        return None
+    if not is_unicode(value):
+        errors.add(field, ERR_NOT_UNICODE)
         return None
     return value
 
@@ -226,6 +254,9 @@ def _datetime(errors: _Errors, field: str, value: Any) -> datetime | None:
         parsed = None
     if parsed is None or parsed.tzinfo is None:
         errors.add(field, ERR_NOT_DATETIME)
+        return None
+    if not in_datetime_range(parsed):
+        errors.add(field, ERR_DATETIME_RANGE)
         return None
     return parsed
 
@@ -321,7 +352,10 @@ def clean_job(
     limit = settings.SCHEDULER_MAX_ARGS_BYTES
     for field, value in (("args", args), ("kwargs", kwargs)):
         try:
-            size = len(json.dumps(value, separators=(",", ":")).encode())
+            size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+        except UnicodeEncodeError:
+            errors.add(field, ERR_NOT_UNICODE)
+            continue
         except (TypeError, ValueError):
             errors.add(field, "Must be JSON.")
             continue

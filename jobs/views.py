@@ -45,7 +45,7 @@ from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType
 from jobs.roles import ADMIN, OPERATOR, VIEWER, has_role, user_role
 from jobs.services import ActionNotAllowed, Actor, VersionConflict
 from jobs.states import ACTIVE_STATES, RETRYABLE_STATES, TERMINAL_STATES, ExecutionStatus
-from jobs.validation import JobValidationError
+from jobs.validation import JobValidationError, in_datetime_range
 
 S = ExecutionStatus
 PAGE_SIZE = 50
@@ -161,7 +161,9 @@ def _parse_filter_datetime(raw: str, zone_name: str) -> datetime | None:
         except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
             zone = UTC
         parsed = parsed.replace(tzinfo=zone)
-    return parsed
+    # Out of the storable range (or overflowing once converted to UTC): ignored, as an
+    # unparsable value is.
+    return parsed if in_datetime_range(parsed) else None
 
 
 def _int_or_none(raw: str | None) -> int | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
+from django import forms
 from django.utils import timezone
+from django_filters.fields import IsoDateTimeField
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
@@ -26,11 +28,12 @@ from jobs.api.serializers import (
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution
 from jobs.roles import OPERATOR
 from jobs.states import ExecutionStatus
-from jobs.validation import schedule_preview_args
+from jobs.validation import ERR_DATETIME_RANGE, in_datetime_range, schedule_preview_args
 
 ERR_BODY_NOT_OBJECT = "Expected a JSON object."
 ERR_BAD_VERSION = "Must be an integer."
 PREVIEW_DEFAULT_COUNT = 5
+MAX_VERSION_DIGITS = 18
 
 
 def actor_from(request: Request) -> services.Actor:
@@ -54,9 +57,26 @@ def _pop_version(request: Request, body: dict[str, Any]) -> int | None:
         return None
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
-    if isinstance(raw, str) and raw.strip().isdigit():
+    # A version is a row counter: a string of more digits than any counter has is refused before
+    # int() (which raises past 4,300 digits).
+    if isinstance(raw, str) and raw.strip().isdigit() and len(raw.strip()) <= MAX_VERSION_DIGITS:
         return int(raw.strip())
     raise ValidationError({"version": [ERR_BAD_VERSION]})
+
+
+class _BoundedIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 filter bound the database can compare with: out of range is a 400 naming
+    the parameter (it was a 500: the conversion to UTC overflowed)."""
+
+    def clean(self, value: Any) -> Any:
+        cleaned = super().clean(value)
+        if cleaned is not None and not in_datetime_range(cleaned):
+            raise forms.ValidationError(ERR_DATETIME_RANGE, code="range")
+        return cleaned
+
+
+class DateTimeBound(django_filters.IsoDateTimeFilter):
+    field_class = _BoundedIsoDateTimeField
 
 
 class JobFilter(django_filters.FilterSet):
@@ -135,17 +155,13 @@ class JobViewSet(viewsets.ModelViewSet):
 class ExecutionFilter(django_filters.FilterSet):
     status = django_filters.MultipleChoiceFilter(choices=ExecutionStatus.choices)
     job_name = django_filters.CharFilter(field_name="job__name")
-    scheduled_after = django_filters.IsoDateTimeFilter(
-        field_name="scheduled_for", lookup_expr="gte"
-    )
-    scheduled_before = django_filters.IsoDateTimeFilter(
-        field_name="scheduled_for", lookup_expr="lt"
-    )
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
-    finished_after = django_filters.IsoDateTimeFilter(field_name="finished_at", lookup_expr="gte")
-    finished_before = django_filters.IsoDateTimeFilter(field_name="finished_at", lookup_expr="lt")
-    updated_after = django_filters.IsoDateTimeFilter(field_name="updated_at", lookup_expr="gt")
+    scheduled_after = DateTimeBound(field_name="scheduled_for", lookup_expr="gte")
+    scheduled_before = DateTimeBound(field_name="scheduled_for", lookup_expr="lt")
+    created_after = DateTimeBound(field_name="created_at", lookup_expr="gte")
+    created_before = DateTimeBound(field_name="created_at", lookup_expr="lt")
+    finished_after = DateTimeBound(field_name="finished_at", lookup_expr="gte")
+    finished_before = DateTimeBound(field_name="finished_at", lookup_expr="lt")
+    updated_after = DateTimeBound(field_name="updated_at", lookup_expr="gt")
 
     class Meta:
         model = JobExecution
@@ -179,8 +195,8 @@ class ExecutionViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class AuditEventFilter(django_filters.FilterSet):
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = DateTimeBound(field_name="created_at", lookup_expr="gte")
+    until = DateTimeBound(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent
