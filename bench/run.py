@@ -19,7 +19,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
+
+from cluster.verify.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATABASE_URL = "mysql://root@127.0.0.1:3306/sched_bench"
@@ -36,12 +37,6 @@ SECRET = "bench-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz-ABCDEFG"
 
 
 # --- small utilities --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -72,52 +67,14 @@ def read_records(path: Path) -> list[tuple[str, float, int, float, int]]:
     return rows
 
 
-class RedisProcess:
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(10)
-
-
 # --- the environment: database, Redis, Django in this process ------------------------------------
 
 
 class Environment:
     def __init__(self, database_url: str, workdir: Path) -> None:
         self.workdir = workdir
-        self.redis = RedisProcess(workdir)
+        self.redis = RedisServer("bench", workdir)
+        self.redis.start()
         self.database_url = database_url
         self.prefix_count = 0
         self.env = {

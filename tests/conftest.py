@@ -9,83 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-REDIS_START_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class RedisServer:
-    """One private redis-server process (a Redlock master, or the coordination Redis)."""
-
-    port: int
-    workdir: str
-    process: subprocess.Popen | None = None
-    extra_args: list[str] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed (the README's set-up installs it)")
-        self.process = subprocess.Popen(
-            [
-                binary,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.workdir,
-                *self.extra_args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server on port {self.port} did not start")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-        self.process = None
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+from cluster.verify.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -95,8 +25,11 @@ def redis_factory() -> Iterator[Callable[[], RedisServer]]:
     workdir = tempfile.mkdtemp(prefix="sched-redis-")
 
     def start() -> RedisServer:
-        server = RedisServer(port=free_port(), workdir=workdir)
-        server.start()
+        server = RedisServer(f"test-{len(started)}", Path(workdir))
+        try:
+            server.start()
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         started.append(server)
         return server
 

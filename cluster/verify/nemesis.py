@@ -2,7 +2,8 @@
 
 Everything here runs on loopback and is started and stopped by PID:
 
-- :class:`RedisProcess`  a private ``redis-server`` without persistence (a restart loses its data);
+- :class:`RedisServer`   (from ``cluster.verify.redis_server``) a private ``redis-server`` without
+                         persistence: a restart loses its data;
 - :class:`TcpProxy`      a small TCP forwarder between the nodes and MariaDB that the nemesis can
                          cut (every connection closed, new ones refused) to make the database
                          unreachable for a few seconds;
@@ -23,7 +24,6 @@ import logging
 import os
 import random
 import selectors
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,11 +31,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cluster.verify.checker import ApiAnomaly, Fault
+from cluster.verify.redis_server import RedisServer, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -79,97 +80,10 @@ PAUSE_BETWEEN_S = (1.5, 4.0)
 OPERATOR_EVERY_S = (0.7, 2.5)
 PAUSED_FOR_S = (1.5, 4.0)
 
-REDIS_START_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 10.0
 SIGNALS = {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP, "sigterm": signal.SIGTERM}
-
-ERR_NO_REDIS_SERVER = "redis-server is not installed (the README's set-up installs it)"
-ERR_REDIS_START = "redis-server on port {port} did not start"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def terminate(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> int | None:
-    """SIGCONT (a stopped process cannot act on SIGTERM), SIGTERM, then SIGKILL: by PID."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGCONT)
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-    return process.returncode
 
 
 # --- Redis ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RedisProcess:
-    """A private redis-server on a fixed loopback port; ``restart`` brings it back empty."""
-
-    name: str
-    workdir: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError(ERR_NO_REDIS_SERVER)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        # No RDB, no AOF: a restart loses every key (the term counter, leases, presences, locks).
-        self.process = subprocess.Popen(
-            [
-                binary,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(ERR_REDIS_START.format(port=self.port))
-
-    def stop(self, *, kill: bool = False) -> None:
-        if self.process is not None and self.process.poll() is None:
-            if kill:
-                self.process.kill()
-                self.process.wait(timeout=5)
-            else:
-                terminate(self.process)
-        self.process = None
 
 
 # --- the database proxy ----------------------------------------------------------------------------
@@ -455,8 +369,8 @@ class Nemesis:
         deck: FaultDeck,
         leader: Callable[[], str | None],
         say: Callable[[str], None],
-        coordination_redis: RedisProcess | None = None,
-        redlock_masters: Sequence[RedisProcess] = (),
+        coordination_redis: RedisServer | None = None,
+        redlock_masters: Sequence[RedisServer] = (),
         proxy: TcpProxy | None = None,
     ) -> None:
         self.cluster = cluster

@@ -53,9 +53,9 @@ from cluster.verify.nemesis import (
     LocalCluster,
     Nemesis,
     Operator,
-    RedisProcess,
     TcpProxy,
 )
+from cluster.verify.redis_server import RedisServer
 
 EXIT_OK = 0
 EXIT_VIOLATIONS = 1
@@ -185,8 +185,8 @@ class ChaosRun:
         self.out = out or sys.stdout
         self.run_dir = Path(plan.run_dir)
         self.side_effects = self.run_dir / "side_effects.jsonl"
-        self.redis: RedisProcess | None = None
-        self.redlock: list[RedisProcess] = []
+        self.redis: RedisServer | None = None
+        self.redlock: list[RedisServer] = []
         self.proxy: TcpProxy | None = None
         self.cluster: LocalCluster | None = None
         self.operator: Operator | None = None
@@ -280,10 +280,10 @@ class ChaosRun:
             return
         workdir = self.run_dir / "redis"
         try:
-            self.redis = RedisProcess("redis", workdir)
+            self.redis = RedisServer("redis", workdir)
             self.redis.start()
             for index in range(3):
-                master = RedisProcess(f"redlock-{index}", workdir)
+                master = RedisServer(f"redlock-{index}", workdir)
                 self.redlock.append(master)
                 master.start()
         except RuntimeError as exc:
