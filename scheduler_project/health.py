@@ -1,13 +1,18 @@
-"""Liveness and readiness probes: the only endpoints (with metrics) that need no login."""
+"""Liveness and readiness probes: the only endpoints (with metrics) that need no login.
+
+``ProbeMiddleware`` answers them before any other middleware, so they never read the Host header: a
+kubelet probes a pod by its IP (``Host: 10.42.0.17:8000``), which ALLOWED_HOSTS rightly does not
+list, and every host check (CommonMiddleware, the HTTPS redirect) would answer it 400."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -65,3 +70,22 @@ def ready(request: HttpRequest) -> JsonResponse:
         {"status": "ok" if healthy else "unavailable", "checks": checks},
         status=200 if healthy else 503,
     )
+
+
+PROBES: dict[str, Callable[[HttpRequest], HttpResponse]] = {
+    "/health/live": live,
+    "/health/ready": ready,
+}
+
+
+class ProbeMiddleware:
+    """First in MIDDLEWARE: a probe is answered here, whatever the Host. Nothing else is."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        probe = PROBES.get(request.path_info)
+        if probe is not None:
+            return probe(request)
+        return self.get_response(request)

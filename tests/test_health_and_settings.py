@@ -240,3 +240,22 @@ def test_api_defaults_are_safe():
     )
     assert "django.middleware.csrf.CsrfViewMiddleware" in django_settings.MIDDLEWARE
     assert django_settings.SPECTACULAR_SETTINGS["SWAGGER_UI_DIST"] == "SIDECAR"
+
+
+def test_probes_answer_a_pod_ip_host_under_production_settings(tmp_path):
+    """A kubelet probes ``http://<pod IP>:8000/health/...`` with that IP as its Host, which
+    ALLOWED_HOSTS does not list: the probes still answer 200 (they were 400, so the pods would
+    never be Ready), while every other path keeps refusing the unknown host."""
+    env = production_env(tmp_path, DJANGO_ALLOWED_HOSTS="scheduler.example.com")
+    env.pop("REDIS_URL", None)  # readiness checks only the database here
+    script = (
+        "import json, django; django.setup(); from django.test import Client; c = Client(); "
+        "host = '10.42.0.17:8000'; "
+        "print(json.dumps([c.get(p, HTTP_HOST=host).status_code for p in "
+        "['/health/live', '/health/ready', '/api/jobs/', '/']]))"
+    )
+    result = run_python(env, "-c", script)
+    assert result.returncode == 0, result.stderr
+    live, ready, api, page = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (live, ready) == (200, 200), result.stderr
+    assert (api, page) == (400, 400)
