@@ -8,7 +8,10 @@ caller that feeds a result back in always makes progress.
 
 Cron
 ----
-A small cron engine of our own (croniter has known DST bugs). Expressions have 5 fields
+A small cron engine of our own, because croniter gets DST wrong: with croniter 7.0.0,
+``30 1 * * *`` in America/New_York fires twice on 2026-11-01 (01:30 EDT and again 01:30 EST, when
+the clocks fall back); here it fires once, at the first 01:30 (tests/jobs/test_schedules.py covers
+the fall-back and spring-forward cases). Expressions have 5 fields
 ``minute hour day-of-month month day-of-week`` (the second is then 0) or 6 fields with the
 seconds first (``second minute hour dom month dow``, Quartz/Spring style). Each field accepts
 ``*``, numbers, ranges ``a-b``, steps ``*/n``, ``a-b/n`` and ``a/n`` (``a`` up to the field's
