@@ -390,3 +390,50 @@ def test_createuser_refuses_an_unknown_role(db):
     with pytest.raises(CommandError):
         run("createuser", "eve", "--role", "root")
     assert not get_user_model().objects.filter(username="eve").exists()
+
+
+def test_createuser_refuses_a_weak_password_with_exit_2(db):
+    with pytest.raises(CommandError) as raised:
+        run("createuser", "weak", "--role", "viewer", "--password", "1")
+    assert raised.value.returncode == 2
+    assert str(raised.value).startswith("password: ")
+    assert not get_user_model().objects.filter(username="weak").exists()
+    assert not AuditEvent.objects.filter(object_type="user").exists()
+
+
+def test_createuser_refuses_a_bad_username_with_exit_2(db):
+    with pytest.raises(CommandError) as raised:
+        run("createuser", "no spaces/here", "--role", "viewer")
+    assert raised.value.returncode == 2
+    assert not get_user_model().objects.exists()
+
+
+def test_createuser_changes_are_audited_without_secrets(db):
+    first = run("createuser", "kim", "--role", "viewer", "--token", "--password", "Pw-kim-12345")
+    run("createuser", "kim", "--role", "operator", "--token", "--password", "Pw-kim-67890")
+    token = re.search(r"API token: (\S+)", first).group(1)
+    events = list(
+        AuditEvent.objects.filter(object_type="user")
+        .order_by("id")
+        .values_list("action", "actor_name", "source", "object_repr", "changes")
+    )
+    assert events == [
+        (
+            "user.create",
+            "cli",
+            "cli",
+            "kim",
+            {"role": [None, "viewer"], "password": [None, "(set)"]},
+        ),
+        ("token.create", "cli", "cli", "kim", {}),
+        (
+            "user.update",
+            "cli",
+            "cli",
+            "kim",
+            {"role": ["viewer", "operator"], "password": [None, "(set)"]},
+        ),
+    ]
+    logged = json.dumps(list(AuditEvent.objects.values()), default=str)
+    for secret in ("Pw-kim-12345", "Pw-kim-67890", token):
+        assert secret not in logged

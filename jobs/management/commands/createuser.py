@@ -1,17 +1,29 @@
-"""Create (or update) a user with a scheduler role: viewer, operator or admin."""
+"""Create (or update) a user with a scheduler role: viewer, operator or admin.
+
+A password given with ``--password`` must pass the configured password validators (a weak one is
+refused with exit 2); the generated one is printed once. Every change (user created or updated, role
+set, password set, token issued) is written to the audit log, source ``cli``; the password and the
+token themselves never are."""
 
 from __future__ import annotations
 
 import secrets
 from typing import Any
 
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_user_model, password_validation
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Group
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from jobs.roles import ROLES
+from jobs.models import AuditSource
+from jobs.roles import ROLES, user_role
+from jobs.services import Actor, audit_record
+
+EXIT_USAGE = 2
+CLI = Actor(source=AuditSource.CLI)
+PASSWORD_SET = "(set)"  # what the audit log says of a password: never the password
 
 
 class Command(BaseCommand):
@@ -28,20 +40,57 @@ class Command(BaseCommand):
     ) -> None:
         from rest_framework.authtoken.models import Token
 
+        model = get_user_model()
+        try:
+            model.username_validator(username)
+        except ValidationError as exc:
+            raise CommandError(
+                f"username: {' '.join(exc.messages)}", returncode=EXIT_USAGE
+            ) from exc
+        existing = model.objects.filter(username=username).first()
+        if password is not None:
+            try:
+                password_validation.validate_password(
+                    password, user=existing or model(username=username)
+                )
+            except ValidationError as exc:
+                raise CommandError(
+                    f"password: {' '.join(exc.messages)}", returncode=EXIT_USAGE
+                ) from exc
         password = password or secrets.token_urlsafe(12)
         # Hashed before the transaction: on SQLite a write transaction holds the database-wide write
         # lock, and a second of hashing inside it stalls every node's lease and presence renewals.
         hashed = make_password(password)
         with transaction.atomic():
-            user, created = get_user_model().objects.get_or_create(username=username)
+            user, created = model.objects.get_or_create(username=username)
+            before = None if created else user_role(user)
             user.password = hashed
             user.is_staff = True  # may open the Django admin; the role decides what it can do there
             user.save()
             user.groups.remove(*Group.objects.filter(name__in=ROLES))
             user.groups.add(Group.objects.get_or_create(name=role)[0])
+            audit_record(
+                by=CLI,
+                action="user.create" if created else "user.update",
+                object_type="user",
+                object_id=user.pk,
+                object_repr=username,
+                changes={"role": [before, role], "password": [None, PASSWORD_SET]},
+            )
+            key = None
+            if token:
+                issued, new_token = Token.objects.get_or_create(user=user)
+                key = issued.key
+                if new_token:
+                    audit_record(
+                        by=CLI,
+                        action="token.create",
+                        object_type="user",
+                        object_id=user.pk,
+                        object_repr=username,
+                    )
         self.stdout.write(
             f"{'created' if created else 'updated'} {username} ({role}); password: {password}"
         )
-        if token:
-            key = Token.objects.get_or_create(user=user)[0].key
+        if key is not None:
             self.stdout.write(f"API token: {key}")
