@@ -1,25 +1,70 @@
-"""Start the embedded system: the daphne web server and N ``runnode`` processes; Ctrl-C stops all.
+"""Start the embedded system: the daphne web server and N ``runnode`` processes, supervised.
 
 python manage.py runcluster [--host 127.0.0.1] [--port 8000] [--nodes N]
+
+A node that crashes (a non-zero status, a signal such as SIGKILL) is restarted with backoff and
+logged; a node that exits 0 (drained from the dashboard, or sent SIGTERM) stays stopped while the
+rest keep running, which is what lets an operator watch a failover in the embedded mode. The web
+server never goes down with a node. Ctrl-C (or SIGTERM) drains everything and exits 0; the web
+server dying, or the port being taken at start, exits 1 with a one-line message.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.management import get_commands
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+# A node that ran this long before crashing starts again from the first backoff.
+RESTART_RESET_AFTER_S = 60.0
+ERR_PORT_TAKEN = (
+    "port {port} on {host} is already in use: stop what holds it, or choose another port "
+    "(make run PORT=8001, or runcluster --port 8001)"
+)
+
+
+@dataclass
+class Supervised:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    restart_at: float | None = None  # monotonic; set while a crashed node waits for its restart
+    stopped: bool = False  # exited 0: drained, stays down
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.argv)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class Command(BaseCommand):
-    help = "Run the web server and scheduler nodes together (embedded mode); Ctrl-C stops them all."
+    help = (
+        "Run the web server and scheduler nodes together (embedded mode), restarting crashed "
+        "nodes; Ctrl-C stops them all."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
@@ -27,37 +72,41 @@ class Command(BaseCommand):
         parser.add_argument("--nodes", type=int, default=3, help="Scheduler nodes to start")
 
     def handle(self, *args: Any, host: str, port: int, nodes: int, **_: Any) -> None:
-        commands: list[tuple[str, list[str]]] = [
-            (
-                "web",
-                [
-                    sys.executable,
-                    "-m",
-                    "daphne",
-                    "-b",
-                    host,
-                    "-p",
-                    str(port),
-                    "scheduler_project.asgi:application",
-                ],
-            )
-        ]
+        if not port_is_free(host, port):
+            raise CommandError(ERR_PORT_TAKEN.format(port=port, host=host))
+        web = Supervised(
+            "web",
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                host,
+                "-p",
+                str(port),
+                "scheduler_project.asgi:application",
+            ],
+        )
+        workers: list[Supervised] = []
         if "runnode" in get_commands():
-            for index in range(1, nodes + 1):
-                commands.append(
-                    (
-                        f"node-{index}",
-                        [sys.executable, "manage.py", "runnode", "--node-id", f"node-{index}"],
-                    )
+            workers = [
+                Supervised(
+                    f"node-{index}",
+                    [sys.executable, "manage.py", "runnode", "--node-id", f"node-{index}"],
                 )
+                for index in range(1, nodes + 1)
+            ]
         elif nodes:
             self.stderr.write(
                 "runnode is not available in this build: starting the web server only"
             )
-        processes = {name: subprocess.Popen(argv) for name, argv in commands}
+        everyone = [web, *workers]
+        for one in everyone:
+            one.start()
         self.stdout.write(
-            f"started {', '.join(f'{n} (pid {p.pid})' for n, p in processes.items())}"
+            f"started {', '.join(f'{s.name} (pid {s.process.pid})' for s in everyone if s.process)}"
         )
+        self.stdout.flush()
         stopping = False
 
         def stop(signum: int, frame: Any) -> None:
@@ -66,23 +115,58 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        failure = None
         try:
             while not stopping:
-                for name, process in processes.items():
-                    if process.poll() is not None:
-                        self.stderr.write(
-                            f"{name} exited with status {process.returncode}; stopping all"
-                        )
-                        stopping = True
+                if web.process is not None and web.process.poll() is not None:
+                    failure = f"the web server exited with status {web.process.returncode}"
+                    break
+                for node in workers:
+                    self._supervise(node)
                 time.sleep(POLL_S)
         finally:
-            for process in processes.values():
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
+            for one in everyone:
+                if one.process is not None and one.process.poll() is None:
+                    one.process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
-            for process in processes.values():
+            for one in everyone:
+                if one.process is None:
+                    continue
                 try:
-                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    one.process.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    process.kill()
+                    one.process.kill()
+                    one.process.wait()
             self.stdout.write("all processes stopped")
+        if failure:
+            raise CommandError(f"{failure}; stopped everything")
+
+    def _supervise(self, node: Supervised) -> None:
+        """Restart a crashed node with backoff; leave a drained one (exit 0) stopped."""
+        if node.stopped or node.process is None:
+            return
+        now = time.monotonic()
+        if node.restart_at is not None:
+            if now >= node.restart_at:
+                node.start()
+                self.stdout.write(f"restarted {node.name} (pid {node.process.pid})")
+                self.stdout.flush()
+            return
+        status = node.process.poll()
+        if status is None:
+            return
+        if status == 0:
+            node.stopped = True
+            self.stdout.write(
+                f"{node.name} stopped (drained, exit 0); the others keep running. It stays "
+                "stopped until runcluster starts again."
+            )
+            self.stdout.flush()
+            return
+        if now - node.started_at >= RESTART_RESET_AFTER_S:
+            node.restarts = 0
+        delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2**node.restarts)
+        node.restarts += 1
+        node.restart_at = now + delay
+        self.stderr.write(f"{node.name} exited with status {status}; restarting in {delay:.0f} s")
+        self.stderr.flush()

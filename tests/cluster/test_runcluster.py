@@ -1,0 +1,127 @@
+"""``runcluster`` (what ``make run`` starts) supervises its processes: a crashed node is restarted,
+a drained node stays stopped while the web server and the other nodes keep running, a taken port is
+a one-line error with a non-zero status, and SIGTERM stops everything with 0. Real processes on a
+SQLite database of the test's own."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cluster.verify.redis_server import free_port
+from tests.cluster.harness import wait_for
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def environment(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    env.update(
+        {
+            "SCHEDULER_VAR_DIR": str(tmp_path),
+            "SCHEDULER_COORDINATION": "database",
+            "DJANGO_SECRET_KEY": "test-secret-key-for-runcluster-0123456789abcdefghijklmnop",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/live", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); its state says it is gone.
+    state = (
+        Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}").exists() else "X"
+    )
+    return state not in ("Z", "X")
+
+
+def test_a_crashed_node_is_restarted_and_a_drained_one_stays_down(tmp_path):
+    env = environment(tmp_path)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    port = free_port()
+    log = tmp_path / "cluster.log"
+    with log.open("w") as out:
+        cluster = subprocess.Popen(
+            [sys.executable, "manage.py", "runcluster", "--port", str(port), "--nodes", "2"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            started = wait_for(lambda: re.search(r"started (.*)", log.read_text()), 30)
+            pids = dict(re.findall(r"(\S+) \(pid (\d+)\)", started.group(1)))
+            wait_for(lambda: answers(port), 30)
+
+            os.kill(int(pids["node-1"]), signal.SIGKILL)
+            restarted = wait_for(
+                lambda: re.search(r"restarted node-1 \(pid (\d+)\)", log.read_text()), 30
+            )
+            assert alive(int(restarted.group(1)))
+
+            os.kill(int(pids["node-2"]), signal.SIGTERM)  # drained: exits 0
+            wait_for(lambda: "node-2 stopped (drained" in log.read_text(), 60)
+            time.sleep(2 * 1.0)  # past the first restart backoff: it must not come back
+            text = log.read_text()
+            assert "restarted node-2" not in text
+            assert answers(port), text  # the web server stays up
+            assert cluster.poll() is None, text
+
+            cluster.send_signal(signal.SIGTERM)
+            assert cluster.wait(60) == 0, log.read_text()
+        finally:
+            if cluster.poll() is None:
+                cluster.kill()
+                cluster.wait()
+    assert "all processes stopped" in log.read_text()
+    for pid in (*map(int, pids.values()), int(restarted.group(1))):
+        assert not alive(pid)
+
+
+def test_a_taken_port_is_one_clear_line_and_a_non_zero_status(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "manage.py", "runcluster", "--port", str(port), "--nodes", "1"],
+            cwd=ROOT,
+            env=environment(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
+    assert "started" not in result.stdout
