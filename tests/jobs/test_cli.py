@@ -369,7 +369,9 @@ def test_createuser_operator_token_has_operator_rights(jobs):
 def test_createuser_changes_role_and_keeps_one_token(db):
     first = run("createuser", "sam", "--role", "viewer", "--token", "--password", "Pw-one-1234")
     token = re.search(r"API token: (\S+)", first).group(1)
-    second = run("createuser", "sam", "--role", "admin", "--token", "--password", "Pw-two-1234")
+    second = run(
+        "createuser", "sam", "--role", "admin", "--token", "--password", "Pw-two-1234", "--update"
+    )
     assert second.startswith("updated sam (admin)")
     assert re.search(r"API token: (\S+)", second).group(1) == token
     user = get_user_model().objects.get(username="sam")
@@ -410,7 +412,16 @@ def test_createuser_refuses_a_bad_username_with_exit_2(db):
 
 def test_createuser_changes_are_audited_without_secrets(db):
     first = run("createuser", "kim", "--role", "viewer", "--token", "--password", "Pw-kim-12345")
-    run("createuser", "kim", "--role", "operator", "--token", "--password", "Pw-kim-67890")
+    run(
+        "createuser",
+        "kim",
+        "--role",
+        "operator",
+        "--token",
+        "--password",
+        "Pw-kim-67890",
+        "--update",
+    )
     token = re.search(r"API token: (\S+)", first).group(1)
     events = list(
         AuditEvent.objects.filter(object_type="user")
@@ -437,3 +448,14 @@ def test_createuser_changes_are_audited_without_secrets(db):
     logged = json.dumps(list(AuditEvent.objects.values()), default=str)
     for secret in ("Pw-kim-12345", "Pw-kim-67890", token):
         assert secret not in logged
+
+
+def test_createuser_never_changes_an_existing_user_without_update(db):
+    run("createuser", "lee", "--role", "viewer", "--password", "Pw-lee-12345")
+    with pytest.raises(CommandError) as raised:
+        run("createuser", "lee", "--role", "admin", "--password", "Pw-lee-67890")
+    assert raised.value.returncode == 2
+    assert "--update" in str(raised.value)
+    assert authenticate(username="lee", password="Pw-lee-12345") is not None
+    user = get_user_model().objects.get(username="lee")
+    assert list(user.groups.values_list("name", flat=True)) == ["viewer"]

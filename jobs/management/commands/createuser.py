@@ -1,4 +1,5 @@
-"""Create (or update) a user with a scheduler role: viewer, operator or admin.
+"""Create a user with a scheduler role (viewer, operator or admin), or with ``--update`` change an
+existing one's role and password (an existing user is never changed without it).
 
 A password given with ``--password`` must pass the configured password validators (a weak one is
 refused with exit 2); the generated one is printed once. Every change (user created or updated, role
@@ -24,6 +25,10 @@ from jobs.services import Actor, audit_record
 EXIT_USAGE = 2
 CLI = Actor(source=AuditSource.CLI)
 PASSWORD_SET = "(set)"  # what the audit log says of a password: never the password
+ERR_EXISTS = (
+    "user {username!r} exists; pass --update to change its role and password "
+    "(it resets the password)"
+)
 
 
 class Command(BaseCommand):
@@ -34,9 +39,21 @@ class Command(BaseCommand):
         parser.add_argument("--role", choices=ROLES, required=True)
         parser.add_argument("--password", help="Default: a random one, printed once")
         parser.add_argument("--token", action="store_true", help="Also print an API token")
+        parser.add_argument(
+            "--update",
+            action="store_true",
+            help="Change an existing user's role and password (refused without it)",
+        )
 
     def handle(
-        self, *args: Any, username: str, role: str, password: str | None, token: bool, **_: Any
+        self,
+        *args: Any,
+        username: str,
+        role: str,
+        password: str | None,
+        token: bool,
+        update: bool = False,
+        **_: Any,
     ) -> None:
         from rest_framework.authtoken.models import Token
 
@@ -48,6 +65,8 @@ class Command(BaseCommand):
                 f"username: {' '.join(exc.messages)}", returncode=EXIT_USAGE
             ) from exc
         existing = model.objects.filter(username=username).first()
+        if existing is not None and not update:
+            raise CommandError(ERR_EXISTS.format(username=username), returncode=EXIT_USAGE)
         if password is not None:
             try:
                 password_validation.validate_password(
