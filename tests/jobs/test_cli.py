@@ -459,3 +459,49 @@ def test_createuser_never_changes_an_existing_user_without_update(db):
     assert authenticate(username="lee", password="Pw-lee-12345") is not None
     user = get_user_model().objects.get(username="lee")
     assert list(user.groups.values_list("name", flat=True)) == ["viewer"]
+
+
+# --- tokens --------------------------------------------------------------------------------------
+
+
+def test_tokens_issue_rotate_list_and_revoke_are_audited(db):
+    from rest_framework.authtoken.models import Token
+
+    run("createuser", "tia", "--role", "operator", "--password", "Pw-tia-12345")
+    first = re.search(r"API token for tia: (\S+)", run("tokens", "issue", "tia")).group(1)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {first}")
+    assert client.get("/api/jobs/").status_code == 200
+
+    with pytest.raises(CommandError) as raised:
+        run("tokens", "issue", "tia")
+    assert raised.value.returncode == 2
+    second = re.search(r"API token for tia: (\S+)", run("tokens", "issue", "tia", "--rotate"))
+    second = second.group(1)
+    assert second != first
+    assert client.get("/api/jobs/").status_code == 401  # the old key no longer works
+
+    listed = run("tokens", "list")
+    assert listed.startswith(f"tia\t{second[:6]}…")
+    assert second not in listed
+
+    run("tokens", "revoke", "tia")
+    assert not Token.objects.filter(user__username="tia").exists()
+    actions = list(
+        AuditEvent.objects.filter(object_type="user", action__startswith="token.")
+        .order_by("id")
+        .values_list("action", "source")
+    )
+    assert actions == [("token.create", "cli"), ("token.rotate", "cli"), ("token.revoke", "cli")]
+    logged = json.dumps(list(AuditEvent.objects.values()), default=str)
+    assert first not in logged and second not in logged
+
+
+@pytest.mark.parametrize(
+    "args", [("issue", "nobody"), ("revoke", "nobody")], ids=["issue", "revoke"]
+)
+def test_tokens_for_an_unknown_user_exit_2(db, args):
+    with pytest.raises(CommandError) as raised:
+        run("tokens", *args)
+    assert raised.value.returncode == 2
+    assert "nobody" in str(raised.value)
