@@ -234,6 +234,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["jobs.api.permissions.RolePermission"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
 }
 

@@ -659,6 +659,7 @@ ASSET_RE = re.compile(r"<(?:script|link)\b[^>]*?\b(?:src|href)\s*=\s*[\"']([^\"'
     "url",
     [
         "/api/docs/",
+        "/api/redoc/",
         "/api/jobs/",  # the browsable API
         "/api/executions/",
         "/api-auth/login/",
@@ -845,3 +846,21 @@ def test_every_api_write_is_audited(api_client_for, do):
 
     listed = api.get("/api/audit-events/?source=api").data["results"]
     assert [row["action"] for row in listed] == [action]
+
+
+@pytest.mark.parametrize("url", ["/api/docs/", "/api/redoc/"])
+def test_docs_pages_signed_out_send_the_browser_to_sign_in(client, url):
+    response = client.get(url, HTTP_ACCEPT="text/html")
+    assert response.status_code == 302
+    assert response["Location"] == f"/login/?next={url}"
+
+
+def test_the_schema_signed_out_is_still_a_401(client):
+    assert client.get("/api/schema/").status_code == 401
+
+
+def test_the_dashboard_header_links_to_the_api_docs_and_the_admin(client, make_user):
+    client.force_login(make_user("viewer", staff=True))
+    html = client.get("/").content.decode()
+    assert 'href="/api/docs/"' in html
+    assert 'href="/admin/"' in html
