@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers, viewsets
+from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -48,13 +48,20 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = SchedulerNode.objects.all()
     serializer_class = NodeSerializer
     filterset_fields = ["status"]
-    role_by_action = {"drain": OPERATOR}
+    role_by_action = {"drain": OPERATOR, "forget": OPERATOR}
 
     @extend_schema(request=None, responses={200: NodeSerializer})
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, pk: str | None = None) -> Response:
         node = services.node_request_drain(node_pk=self.get_object().pk, by=actor_from(request))
         return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(detail=True, methods=["post"])
+    def forget(self, request: Request, pk: str | None = None) -> Response:
+        """Remove a dead or stopped node from the list (409 while it is active or holds runs)."""
+        services.node_forget(node_pk=self.get_object().pk, by=actor_from(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class TermViewSet(viewsets.ReadOnlyModelViewSet):

@@ -193,6 +193,14 @@ class NodeRunner:
                     self.config.node_id,
                     extra=self._log_extra,
                 )
+            elif not SchedulerNode.objects.filter(node_id=self.config.node_id).exists():
+                # An operator removed this node's row while it was dead or stopped: register again.
+                logger.warning(
+                    "node %s was removed from the list; registering again",
+                    self.config.node_id,
+                    extra=self._log_extra,
+                )
+                self.register()
         self.executor.apply_cancel_requests()
         if time.monotonic() - self._last_reconcile >= RECONCILE_INTERVAL_S:
             self._last_reconcile = time.monotonic()

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from cluster import live, services
@@ -106,3 +106,16 @@ def node_drain(request: HttpRequest, pk: int) -> HttpResponse:
             "and finishes what it runs.",
         )
     return redirect_back(request, f"/nodes/{node.pk}/")
+
+
+@role_required(OPERATOR)
+@require_POST
+def node_forget(request: HttpRequest, pk: int) -> HttpResponse:
+    node = get_object_or_404(SchedulerNode, pk=pk)
+    try:
+        node_id = services.node_forget(node_pk=node.pk, by=ui_actor(request))
+    except ActionNotAllowed as exc:
+        messages.error(request, str(exc))
+        return redirect_back(request, f"/nodes/{node.pk}/")
+    messages.success(request, f"Removed {node_id} from the list.")
+    return redirect("/nodes/")

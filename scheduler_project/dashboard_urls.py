@@ -33,5 +33,6 @@ urlpatterns = [
     path("nodes/", cluster_views.node_list, name="node-list"),
     path("nodes/<int:pk>/", cluster_views.node_detail, name="node-detail"),
     path("nodes/<int:pk>/drain/", cluster_views.node_drain, name="node-drain"),
+    path("nodes/<int:pk>/forget/", cluster_views.node_forget, name="node-forget"),
     path("audit/", views.audit_list, name="audit-list"),
 ]

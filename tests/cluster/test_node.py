@@ -135,3 +135,10 @@ def test_runnode_started_without_its_database_waits_and_stops_cleanly(tmp_path) 
                 process.kill()
                 process.wait()
     assert "stopped before it could register" in log.read_text()
+
+
+def test_a_node_removed_from_the_list_while_away_registers_again() -> None:
+    runner = make_runner("beat-d")
+    SchedulerNode.objects.filter(node_id="beat-d").delete()
+    runner.heartbeat_once()
+    assert status_of("beat-d") == NodeStatus.ACTIVE

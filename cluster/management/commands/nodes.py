@@ -1,4 +1,5 @@
-"""Operator CLI for the cluster: ``python manage.py nodes list [--json]`` and ``nodes drain NODE_ID``."""
+"""Operator CLI for the cluster: ``python manage.py nodes list [--json]``, ``nodes drain NODE_ID``
+and ``nodes forget NODE_ID`` (remove a dead or stopped node from the list)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,21 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("list", help="List nodes").add_argument("--json", action="store_true")
         sub.add_parser("drain", help="Ask a node to drain and stop").add_argument("node_id")
+        sub.add_parser("forget", help="Remove a dead or stopped node from the list").add_argument(
+            "node_id"
+        )
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
+        if action == "forget":
+            node = SchedulerNode.objects.filter(node_id=options["node_id"]).first()
+            if node is None:
+                raise CommandError(f"no node {options['node_id']!r}", returncode=EXIT_USAGE)
+            try:
+                services.node_forget(node_pk=node.pk, by=Actor(source=AuditSource.CLI))
+            except ActionNotAllowed as exc:
+                raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+            self.stdout.write(f"removed {node.node_id}")
+            return
         if action == "drain":
             node = SchedulerNode.objects.filter(node_id=options["node_id"]).first()
             if node is None:

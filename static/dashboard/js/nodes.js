@@ -37,6 +37,23 @@
     ]);
   }
 
+  function gone(node) {
+    return node.status === "dead" || node.status === "stopped";
+  }
+
+  function forgetForm(node, label, small) {
+    return el("form", {
+      method: "post",
+      action: "/nodes/" + node.id + "/forget/",
+      class: "inline-form",
+      "data-action": "forget",
+      "data-confirm": "Remove " + node.node_id + " from the list? Its runs and terms keep their history; if it comes back it registers again.",
+    }, [
+      el("input", { type: "hidden", name: "csrfmiddlewaretoken", value: Sched.csrfToken() }),
+      el("button", { type: "submit", class: "btn btn--secondary" + (small ? " btn--small" : "") }, label),
+    ]);
+  }
+
   function summary(data) {
     var node = document.getElementById("cluster-summary");
     if (!node) return;
@@ -70,7 +87,10 @@
           el("td", null, Sched.timeEl(node.started_at, "relative")),
         ];
         if (canOperate) {
-          cells.push(el("td", null, node.status === "active" && !node.drain_requested ? drainForm(node, "/nodes/", "Drain", true) : null));
+          var action = null;
+          if (node.status === "active" && !node.drain_requested) action = drainForm(node, "/nodes/", "Drain", true);
+          else if (gone(node)) action = forgetForm(node, "Remove", true);
+          cells.push(el("td", null, action));
         }
         tbody.appendChild(el("tr", { "data-node-pk": node.id }, cells));
       });
@@ -114,6 +134,8 @@
       meter(node).forEach(function (part) { running.append(part); });
       var drain = document.querySelector('form[data-action="drain"]');
       if (drain) drain.hidden = !(node.status === "active" && !node.drain_requested);
+      var forget = document.querySelector('form[data-action="forget"]');
+      if (forget) forget.hidden = !gone(node);
       var note = document.querySelector('[data-field="drain-note"]');
       if (note) note.hidden = !(node.drain_requested && node.status === "active");
     }
