@@ -166,8 +166,33 @@ def log(message: str, level: str = "info", *, context: TaskContext) -> None:
 # --- http_request ---------------------------------------------------------------------------------
 
 
-def _allowed_hosts() -> set[str]:
-    return {host.strip().lower() for host in settings.SCHEDULER_HTTP_ALLOWED_HOSTS if host.strip()}
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _allowlist_entry(entry: str) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> (host, port or None)."""
+    entry = entry.strip().lower()
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif entry.count(":") == 1:
+        host, port = entry.split(":")
+    else:
+        host, port = entry, ""
+    return host, int(port) if port.isdigit() else None
+
+
+def _allowed(host: str, port: int) -> bool:
+    """Whether (host, port) is on SCHEDULER_HTTP_ALLOWED_HOSTS: an entry with a port allows that
+    port only; a bare host allows only the scheme's default port (with ``localhost`` allowed, any
+    local service's port used to be reachable, its answer readable in the run's result)."""
+    for entry in settings.SCHEDULER_HTTP_ALLOWED_HOSTS:
+        if not entry.strip():
+            continue
+        allowed_host, allowed_port = _allowlist_entry(entry)
+        if allowed_host == host and port == allowed_port:
+            return True
+    return False
 
 
 def _check_url(url: Any, param: str = "url") -> tuple[str, str]:
@@ -185,8 +210,12 @@ def _check_url(url: Any, param: str = "url") -> tuple[str, str]:
     host = (parts.hostname or "").lower()
     if not host:
         raise _Refused(param, f"url {url!r} has no host")
-    if host not in _allowed_hosts():
-        raise _Refused(param, f"host {host!r} is not in SCHEDULER_HTTP_ALLOWED_HOSTS")
+    default_port = DEFAULT_PORTS[scheme]
+    port = parts.port or default_port
+    # A bare host on the list stands for its default port: compare the default as "no port".
+    if not _allowed(host, None if port == default_port else port) and not _allowed(host, port):
+        shown = host if port == default_port else f"{host}:{port}"
+        raise _Refused(param, f"host {shown!r} is not in SCHEDULER_HTTP_ALLOWED_HOSTS")
     return scheme, host
 
 

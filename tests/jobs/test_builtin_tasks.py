@@ -196,6 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(302, headers={"Location": "http://not-allowed.example/steal"})
         elif self.path == "/redirect-ftp":
             self._send(302, headers={"Location": "ftp://127.0.0.1/file"})
+        elif self.path.startswith("/redirect-port?to="):
+            port = self.path.split("=", 1)[1]
+            self._send(302, headers={"Location": f"http://127.0.0.1:{port}/ok"})
         elif self.path == "/redirect-local":
             self._send(302, headers={"Location": "/ok"})
         elif self.path == "/slow":
@@ -223,9 +226,10 @@ def http_server(settings, monkeypatch) -> Iterator[_Server]:
         "ALL_PROXY",
     ):
         monkeypatch.delenv(name, raising=False)
-    settings.SCHEDULER_HTTP_ALLOWED_HOSTS = ["127.0.0.1"]
     settings.SCHEDULER_HTTP_MAX_TIMEOUT_S = 30
     server = _Server(("127.0.0.1", 0), _Handler)
+    # This server's port only: a bare host allows just the default port.
+    settings.SCHEDULER_HTTP_ALLOWED_HOSTS = [f"127.0.0.1:{server.server_address[1]}"]
     server.requests = []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.daemon = True
@@ -320,6 +324,35 @@ def test_http_allowlist_is_exact_and_case_insensitive(settings):
         assert "not in SCHEDULER_HTTP_ALLOWED_HOSTS" in refusal("http_request", [url], {}).message
 
 
+@pytest.mark.parametrize(
+    ("allowed", "url", "ok"),
+    [
+        ("localhost", "http://localhost/", True),
+        ("localhost", "https://localhost/", True),
+        ("localhost", "http://localhost:6379/", False),  # another local service: refused
+        ("localhost", "https://localhost:80/", False),
+        ("localhost:8080", "http://localhost:8080/x", True),
+        ("localhost:8080", "http://localhost/", False),
+        ("localhost:8080", "http://localhost:8081/", False),
+        ("api.example.com:443", "https://api.example.com/", True),
+        ("[::1]:8080", "http://[::1]:8080/", True),
+        ("[::1]", "http://[::1]:8080/", False),
+    ],
+)
+def test_http_allowlist_entries_are_host_and_port(settings, allowed, url, ok):
+    settings.SCHEDULER_HTTP_ALLOWED_HOSTS = [allowed]
+    if ok:
+        validate_task_call("http_request", [url], {})
+    else:
+        assert "not in SCHEDULER_HTTP_ALLOWED_HOSTS" in refusal("http_request", [url], {}).message
+
+
+def test_http_redirect_to_another_port_of_an_allowed_host_refused(http_server, settings):
+    port = http_server.server_address[1]
+    with pytest.raises(TaskError, match="refused"):
+        http_request(url_for(http_server, f"/redirect-port?to={port + 1}"), context=make_context())
+
+
 def test_http_empty_allowlist_refuses_everything(settings):
     settings.SCHEDULER_HTTP_ALLOWED_HOSTS = []
     refusal("http_request", ["http://127.0.0.1/"], {})
@@ -388,7 +421,8 @@ def test_http_redirect_to_allowed_host_followed(http_server):
     assert result["body"] == "hello"
 
 
-def test_http_connection_refused_is_task_error(http_server):
+def test_http_connection_refused_is_task_error(http_server, settings):
+    settings.SCHEDULER_HTTP_ALLOWED_HOSTS = ["127.0.0.1:1"]
     with pytest.raises(TaskError, match="failed"):
         http_request("http://127.0.0.1:1/", timeout=2, context=make_context())
 
