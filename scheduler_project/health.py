@@ -72,9 +72,16 @@ def ready(request: HttpRequest) -> JsonResponse:
     )
 
 
+def _metrics(request: HttpRequest) -> HttpResponse:
+    from scheduler_project.metrics import metrics
+
+    return metrics(request)
+
+
 PROBES: dict[str, Callable[[HttpRequest], HttpResponse]] = {
     "/health/live": live,
     "/health/ready": ready,
+    "/metrics": _metrics,
 }
 
 

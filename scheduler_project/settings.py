@@ -188,6 +188,8 @@ else:
 SCHEDULER_TASK_MODULES = env_list("SCHEDULER_TASK_MODULES")
 # Hosts the http_request task may call (exact host names; empty = none). Nothing else is reachable.
 SCHEDULER_HTTP_ALLOWED_HOSTS = env_list("SCHEDULER_HTTP_ALLOWED_HOSTS")
+# /metrics is served only when this is set, to scrapes sending "Authorization: Bearer <token>".
+SCHEDULER_METRICS_TOKEN = os.environ.get("SCHEDULER_METRICS_TOKEN", "")
 SCHEDULER_HTTP_MAX_TIMEOUT_S = env_int("SCHEDULER_HTTP_MAX_TIMEOUT_S", 30)
 # Management commands the management_command task may run (empty = none).
 SCHEDULER_ALLOWED_COMMANDS = env_list("SCHEDULER_ALLOWED_COMMANDS")

@@ -1,0 +1,122 @@
+"""``GET /metrics``: the cluster's figures for Prometheus, read from the database at scrape time.
+
+Off unless ``SCHEDULER_METRICS_TOKEN`` is set (404); then a scrape must send
+``Authorization: Bearer <token>`` (401 otherwise). Like the health probes it answers whatever the
+Host header (Prometheus scrapes a pod by its IP) and is exempt from the HTTPS redirect.
+
+Every series is a gauge computed from the rows, so any web process answers the same, and a restart
+loses nothing:
+
+- ``scheduler_executions{status}``                 executions by status now
+- ``scheduler_job_executions{job,status}``         per job, terminal and active statuses
+- ``scheduler_executions_late``                    pending runs due more than 1 s ago, unstarted
+- ``scheduler_leader_term``                        the open term (0 without a leader)
+- ``scheduler_leader{node}``                       1 for the node holding it
+- ``scheduler_terms{end_reason}``                  terms by how they ended (``open`` for the current)
+- ``scheduler_node_up{node,status}``               1 for an active or draining node, else 0
+- ``scheduler_node_heartbeat_age_seconds{node}``   seconds since each node's last heartbeat
+- ``scheduler_node_running{node}``                 runs a node reported running at its last beat
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATE_AFTER_S = 1.0
+
+
+class ClusterCollector(Collector):
+    """The cluster's state as Prometheus gauges, one query per family."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+        from jobs.models import JobExecution
+        from jobs.states import ExecutionStatus
+
+        now = timezone.now()
+        by_status = GaugeMetricFamily(
+            "scheduler_executions", "Executions by status", labels=["status"]
+        )
+        counts = dict(JobExecution.objects.values_list("status").annotate(n=Count("id")).order_by())
+        for status in ExecutionStatus.values:
+            by_status.add_metric([status], counts.get(status, 0))
+        yield by_status
+
+        per_job = GaugeMetricFamily(
+            "scheduler_job_executions", "Executions by job and status", labels=["job", "status"]
+        )
+        for job, status, count in (
+            JobExecution.objects.values_list("job__name", "status")
+            .annotate(n=Count("id"))
+            .order_by()
+        ):
+            per_job.add_metric([job, status], count)
+        yield per_job
+
+        late = GaugeMetricFamily(
+            "scheduler_executions_late", "Pending executions due more than 1 s ago, not started"
+        )
+        late.add_metric(
+            [],
+            JobExecution.objects.filter(
+                status=ExecutionStatus.PENDING, run_after__lt=now - timedelta(seconds=LATE_AFTER_S)
+            ).count(),
+        )
+        yield late
+
+        open_term = LeadershipTerm.objects.filter(ended_at__isnull=True).order_by("-term").first()
+        term = GaugeMetricFamily("scheduler_leader_term", "The open leadership term (0: none)")
+        term.add_metric([], open_term.term if open_term else 0)
+        yield term
+        leader = GaugeMetricFamily("scheduler_leader", "1 for the leader", labels=["node"])
+        if open_term:
+            leader.add_metric([open_term.node_id], 1)
+        yield leader
+        terms = GaugeMetricFamily(
+            "scheduler_terms", "Leadership terms by how they ended", labels=["end_reason"]
+        )
+        for reason, count in (
+            LeadershipTerm.objects.values_list("end_reason").annotate(n=Count("id")).order_by()
+        ):
+            terms.add_metric([reason or "open"], count)
+        yield terms
+
+        up = GaugeMetricFamily("scheduler_node_up", "1 for a live node", labels=["node", "status"])
+        age = GaugeMetricFamily(
+            "scheduler_node_heartbeat_age_seconds", "Seconds since the heartbeat", labels=["node"]
+        )
+        running = GaugeMetricFamily(
+            "scheduler_node_running", "Runs at the last heartbeat", labels=["node"]
+        )
+        for node in SchedulerNode.objects.all():
+            live = node.status in (NodeStatus.ACTIVE, NodeStatus.DRAINING)
+            up.add_metric([node.node_id, node.status], 1 if live else 0)
+            age.add_metric([node.node_id], max(0.0, (now - node.last_heartbeat).total_seconds()))
+            running.add_metric([node.node_id], node.running_count)
+        yield up
+        yield age
+        yield running
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    token = settings.SCHEDULER_METRICS_TOKEN
+    if not token:
+        return HttpResponse("metrics are off (set SCHEDULER_METRICS_TOKEN)\n", status=404)
+    sent = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        response = HttpResponse("a bearer token is required\n", status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
