@@ -20,11 +20,10 @@ whatever the rows say. Without the lock, forbid skips a run only when a run know
 (its node renews its presence) was already running at this run's due instant and still is
 FORBID_SETTLE_S later: a predecessor whose body has just ended but whose outcome is not written yet
 (the finisher batches its writes) is not active, and the run starts that much late instead of
-being skipped. A previous run that started *after*
-that instant (both were late, e.g. catching up after a failover) is waited for instead, so late
-runs go one after the other, and so is a run on a node that stopped renewing (it is about to be
-declared dead and ended). Waiting ends at the job's misfire grace, counted from when the run
-became runnable.
+being skipped. A previous run that started *after* that instant (both were late, e.g. catching up
+after a failover) is waited for instead, so late runs go one after the other, and so is a run on a
+node that stopped renewing (it is about to be declared dead and ended). Waiting ends at the job's
+misfire grace, counted from when the run became runnable.
 """
 
 from __future__ import annotations
