@@ -107,8 +107,12 @@ def audit_record(
     )
 
 
-def job_first_fire(values: dict[str, Any], *, now: datetime) -> datetime | None:
-    """The first fire slot of a (new or rescheduled) job, or None when paused or exhausted."""
+def job_first_fire(
+    values: dict[str, Any], *, now: datetime, last_fire: datetime | None = None
+) -> datetime | None:
+    """The first fire slot of a (new or rescheduled) job, or None when paused or exhausted. A
+    recurring job resumed or edited fires next after ``last_fire`` too (the leader creates fires
+    ahead of their slot: the next slot after now may already have its row)."""
     if not values.get("enabled"):
         return None
     if values["schedule_type"] == ScheduleType.ONCE:
@@ -117,7 +121,7 @@ def job_first_fire(values: dict[str, Any], *, now: datetime) -> datetime | None:
         return values["run_at"]
     return schedules.next_fire_after(
         schedule_type=values["schedule_type"],
-        after=now,
+        after=max(now, last_fire) if last_fire is not None else now,
         cron_expression=values.get("cron_expression", ""),
         timezone=values.get("timezone", "UTC"),
         interval_seconds=values.get("interval_seconds"),
@@ -201,7 +205,7 @@ def job_update(
         "updated_by": by.user_or_none,
     }
     if any(field in diff for field in (*SCHEDULE_INPUTS, "enabled")):
-        update["next_fire_at"] = job_first_fire(values, now=now)
+        update["next_fire_at"] = job_first_fire(values, now=now, last_fire=job.last_fire_at)
         if (
             values["schedule_type"] == ScheduleType.ONCE
             and "run_at" not in diff
@@ -241,7 +245,7 @@ def _job_set_enabled(*, job_id: int, enabled: bool, by: Actor, now: datetime) ->
             return job
         values = job_snapshot(job)
         values["enabled"] = enabled
-        next_fire = job_first_fire(values, now=now) if enabled else None
+        next_fire = job_first_fire(values, now=now, last_fire=job.last_fire_at) if enabled else None
         if enabled and job.schedule_type == ScheduleType.ONCE and job.last_fire_at:
             next_fire = None
         Job.objects.filter(pk=job_id).update(

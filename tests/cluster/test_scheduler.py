@@ -687,3 +687,35 @@ def test_the_dead_nodes_last_term_ends_as_node_died():
     ):
         term.refresh_from_db()
         assert term.end_reason == reason
+
+
+def test_a_fire_that_already_has_its_row_does_not_fail_the_tick_for_every_job():
+    """A job's next fire set back onto a slot it had already fired (a pause and resume within the
+    lookahead, before the fix to resume) made the unique constraint fail the whole tick, every
+    tick: no job of the cluster fired again. The existing row is kept, the slot not inserted
+    twice, the job moves on, and the other jobs fire."""
+    stuck = make_job("stuck")
+    other = make_job("other")
+    existing = add_execution(stuck, slot=T0, status=S.SUCCEEDED)
+    assert Job.objects.get(pk=stuck.pk).next_fire_at == T0  # set back onto a fired slot
+
+    result = scheduler_tick(term=TERM, now=T0 + SECOND)
+
+    assert [e.pk for e in rows(stuck)] == [existing.pk]
+    assert Job.objects.get(pk=stuck.pk).next_fire_at == T0 + MINUTE
+    assert slots(rows(other)) == [T0]
+    assert result.fired == 1
+
+
+def test_resume_within_the_lookahead_fires_after_the_last_fire_not_onto_it():
+    from jobs import services
+
+    job = make_job("resumed", interval_seconds=1, now=T0 - 10 * SECOND)
+    ahead = T0 + SECOND  # the leader created this fire ahead of its slot
+    add_execution(job, slot=ahead, status=S.PENDING)
+    Job.objects.filter(pk=job.pk).update(last_fire_at=ahead, next_fire_at=ahead + SECOND)
+
+    services.job_pause(job_id=job.pk, by=services.SYSTEM, now=T0 + 0.4 * SECOND)
+    resumed = services.job_resume(job_id=job.pk, by=services.SYSTEM, now=T0 + 0.6 * SECOND)
+
+    assert resumed.next_fire_at == ahead + SECOND
