@@ -278,6 +278,9 @@ class Executor:
         # Runs whose outcome is queued for the finisher (still running in the database).
         self._finishing: set[int] = set()
         self._wake_starter = threading.Event()
+        # Called when capacity frees (an outcome written, a claim given up): the node's claim
+        # loop looks again at once instead of at its next poll.
+        self.on_room: Callable[[], None] = lambda: None
         self.claiming = True
         _install_output_capture()
 
@@ -289,11 +292,15 @@ class Executor:
 
     @property
     def load(self) -> int:
-        """Claimed + running + outcomes not yet written: what counts against capacity.
+        """Claimed + running (+ outcomes not yet written, see below): what counts against capacity.
 
         Runs in the waiting room count only beyond a second budget of ``capacity``: runs waiting
         their turn (an older fire of their job first, a lock about to free) must never fill a
-        node so that the run they wait for cannot be claimed by anyone (a deadlock of capacity)."""
+        node so that the run they wait for cannot be claimed by anyone (a deadlock of capacity).
+        Outcomes waiting for the finisher count only beyond a budget of ``capacity`` too: their
+        bodies are over and their locks released, so a finisher a little behind (a batch in
+        flight, a database slow for a moment) must not stop the node claiming; one far behind
+        does."""
         with self._lock:
             waiting = len(self._waiting)
             return (
@@ -301,7 +308,7 @@ class Executor:
                 - waiting
                 + max(0, waiting - self.capacity)
                 + len(self._active)
-                + self._unwritten
+                + max(0, self._unwritten - self.capacity)
             )
 
     def running_ids(self) -> list[int]:
@@ -620,6 +627,7 @@ class Executor:
     def _forget(self, execution_id: int) -> None:
         with self._lock:
             self._claimed.discard(execution_id)
+        self.on_room()
 
     def _activate(self, run: ActiveRun) -> None:
         with self._lock:
@@ -1056,6 +1064,7 @@ class Executor:
         with self._lock:
             self._unwritten -= len(batch)
             self._finishing.difference_update(o.run.execution.pk for o in batch)
+        self.on_room()
 
     def _write_alone(self, outcome: _Outcome) -> None:
         try:

@@ -135,6 +135,7 @@ class NodeRunner:
             heartbeat_s=config.heartbeat_interval_s,
             lookahead_s=config.lookahead_s,
         )
+        self.executor.on_room = self._wake_claim.set
         self.elector = LeaderElector(
             self.backend,
             LEASE_NAME,
