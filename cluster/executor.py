@@ -44,7 +44,7 @@ from cluster import admission
 from cluster.admission import Blocker, Decision, Facts, HandBack, Lock, Skip, Start, Wait
 from cluster.child import run_task
 from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
-from cluster.membership import Liveness, Membership, node_liveness
+from cluster.membership import Liveness, Membership, node_liveness, renewed_at_ms
 from cluster.models import NodeStatus, SchedulerNode
 from jobs import executions, registry
 from jobs.models import ConcurrencyPolicy, Isolation, JobExecution, Trigger
@@ -687,8 +687,20 @@ class Executor:
                 gone.append(other)
             elif other.job_id not in blockers:
                 started = other.started_at.timestamp() if other.started_at else None
+                # Certain only if its node renewed since the run's start: a run marked running
+                # ahead of an instant its node did not live to see (SIGKILLed just before) has
+                # no body, though the presence has not expired yet.
+                renewed = (
+                    None
+                    if live is None
+                    else renewed_at_ms(live, other.node, ttl_s=self.membership.ttl_s)
+                )
                 blockers[other.job_id] = Blocker(
-                    started_at=started, certain=state == Liveness.ALIVE
+                    started_at=started,
+                    certain=state == Liveness.ALIVE
+                    and started is not None
+                    and renewed is not None
+                    and renewed >= started * 1000,
                 )
         if gone:
             with transaction.atomic():

@@ -133,3 +133,11 @@ def node_liveness(
     remaining_ms = presence.get("expires_at_ms", 0) - now_ms
     fresh_ms = (ttl_s - SUSPECT_AFTER_INTERVALS * heartbeat_s) * 1000
     return Liveness.ALIVE if remaining_ms >= fresh_ms else Liveness.SUSPECT
+
+
+def renewed_at_ms(live: dict[str, dict[str, Any]], node_id: str, *, ttl_s: float) -> int | None:
+    """When ``node_id`` last renewed its presence (wall-clock ms, from its expiry), if present."""
+    presence = live.get(node_id)
+    if presence is None or "expires_at_ms" not in presence:
+        return None
+    return int(presence["expires_at_ms"] - ttl_s * 1000)

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
 from cluster import executor as executor_module
-from cluster.admission import REASON_FORBID
+from cluster.admission import REASON_FORBID, REASON_LOCK_WAIT
 from cluster.coordination.memory import MemoryBackend
 from cluster.executor import (
     REASON_BLOCKER_GONE,
@@ -855,3 +855,38 @@ def test_a_written_outcome_wakes_the_claim_loop(executor):
     assert executor.claim_once() == 1
     assert wait_for_status(execution, TERMINAL_STATES).status == S.SUCCEEDED
     assert woken.wait(OUTCOME_TIMEOUT_S)
+
+
+def test_a_run_marked_running_ahead_of_an_instant_its_node_did_not_live_to_see_is_not_a_blocker(
+    executor, tmp_path
+):
+    """Another node marked its run running (write-ahead, for an instant after its last presence
+    renewal) and was SIGKILLed before that instant: its presence and job lock have not expired
+    yet, but no body runs. That run is no proof that the job is busy: this run is not skipped as
+    "previous run still active" (the chaos run found one such skip); it waits (here, with a
+    presence that never expires, until its misfire grace)."""
+    path = tmp_path / "r"
+    job = make_job(
+        "ahead-of-death", "test.record", kwargs={"path": str(path)}, misfire_grace_seconds=1
+    )
+    executor.backend.heartbeat("dead-node", PRESENCE_TTL_MS, {})  # its last renewal: now
+    assert executor.backend.acquire_lock(f"job:{job.pk}", PRESENCE_TTL_MS) is not None
+    now = timezone.now()
+    planned = now + timedelta(seconds=0.1)  # after that renewal
+    JobExecution.objects.create(
+        job=job,
+        scheduled_for=planned,
+        run_after=planned,
+        status=S.RUNNING,
+        started_at=planned,
+        node="dead-node",
+        claim_token="dead-token",
+    )
+    due = now + timedelta(seconds=0.2)
+    execution = submit(job, scheduled_for=due, run_after=due)
+
+    done = run_to_outcome(executor, execution)
+
+    assert done.status == S.SKIPPED
+    assert done.reason == REASON_LOCK_WAIT.format(grace=1)
+    assert recorded_ids(path) == []
