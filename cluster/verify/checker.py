@@ -40,7 +40,13 @@ API_ANOMALY = "api_anomaly"  # an operator action answered unexpectedly (5xx, a 
 # Notes: worth reading, not violations of a guarantee.
 FROZEN_BODY_OVERLAP = "frozen_body_overlap"  # a forbid overlap caused by a body frozen mid-run
 LOST_WHILE_RUNNING = "lost_while_running"  # declared lost while its node was up and running it
-NOTE_KINDS = (FROZEN_BODY_OVERLAP, LOST_WHILE_RUNNING)
+# Frozen between its self-fence and its first step, before being declared over: it starts on resume.
+FROZEN_AT_START = "frozen_at_start"
+NOTE_KINDS = (FROZEN_BODY_OVERLAP, LOST_WHILE_RUNNING, FROZEN_AT_START)
+# A body whose first step comes this soon after its process resumed was past its self-fence when
+# the freeze began: a fence checked after the resume fails (the node's monotonic clock shows the
+# freeze), so only a body already through it starts at once.
+RESUME_START_S = 0.25
 
 VIOLATION_KINDS = (
     DUPLICATE_EXECUTION,
@@ -93,6 +99,11 @@ MSG_FROZEN_OVERLAP = (
 MSG_LOST_WHILE_RUNNING = (
     "execution {execution_id}: declared lost at {at} while node {node} was running its body "
     "(neither killed, frozen nor cut off from the database)"
+)
+MSG_FROZEN_AT_START = (
+    "execution {execution_id}: its process was frozen (SIGSTOP) just after the body passed its "
+    "self-fence, before its first step; declared {status} meanwhile, the body started on resume, "
+    "{late_s:.3f} s after (the window between the last check and the call, which no lease closes)"
 )
 MSG_UNJUSTIFIED_SKIP = (
     "job {job_id} slot {slot} attempt {attempt}: skipped ({reason}) at {at} while no other run "
@@ -508,7 +519,9 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     overlaps, notes = _forbid_overlaps(history, index)
     violations += overlaps
     notes += _lost_while_running(history, index)
-    violations += _starts_after_end(history, index)
+    late_starts = _starts_after_end(history, index)
+    violations += [v for v in late_starts if v.kind == START_AFTER_LOST]
+    notes += [v for v in late_starts if v.kind == FROZEN_AT_START]
     violations += _stuck(history, config)
     violations += _stale_writes(history)
     violations += _terms_held_twice(history)
@@ -831,10 +844,16 @@ def _starts_after_end(history: History, index: _Index) -> list[Violation]:
                     for a, b in index.frozen_spans.get(late[0].pid, ())
                     if a <= late[0].at and b >= (row.claimed_at or late[0].at - 60)
                 ]
+                # Frozen before it was declared over, and its first step came on resume: it was
+                # past its fence when the freeze began (a note); anything else is a violation.
+                at_start = any(
+                    a <= row.finished_at and abs(late[0].at - b) <= RESUME_START_S
+                    for a, b in freezes
+                )
                 found.append(
                     Violation(
-                        START_AFTER_LOST,
-                        MSG_START_AFTER_END.format(
+                        FROZEN_AT_START if at_start else START_AFTER_LOST,
+                        (MSG_FROZEN_AT_START if at_start else MSG_START_AFTER_END).format(
                             execution_id=execution_id,
                             late_s=late[0].at - row.finished_at,
                             status=row.status,

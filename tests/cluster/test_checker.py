@@ -570,3 +570,42 @@ def test_a_retry_skipped_by_forbid_is_judged_at_its_backoff_instant() -> None:
     assert check(history).ok, check(history).render()
     history.executions[-1] = dataclasses.replace(retry, run_after=None, finished_at=T0 + 2.0)
     assert set(check(history).by_kind()) == {c.UNJUSTIFIED_SKIP}
+
+
+def _frozen_at_start(h: History, *, start_after_resume: float, freeze_from: float) -> None:
+    """Job 2's slot 7: its node froze (SIGSTOP) at ``freeze_from`` (relative to the slot), was
+    declared lost 1.2 s after the slot, resumed 2.5 s after it; the body's first step came
+    ``start_after_resume`` after the resume."""
+    slot = T0 + 7
+    row = _replace_row(
+        h, 2, 7, status="lost", reason="node n3 stopped heartbeating", finished_at=slot + 1.2
+    )
+    pid = next(s.pid for s in h.side_effects if s.execution_id == row.id and s.event == "start")
+    resumed = slot + 2.5
+    h.faults.append(Fault("sigstop_worker", "n3", slot + freeze_from, resumed, pid=pid))
+    _move_effect(h, row.id, "start", resumed + start_after_resume)
+    _move_effect(h, row.id, "end", resumed + start_after_resume + 0.2)
+
+
+def test_a_body_frozen_between_its_fence_and_its_first_step_is_a_note() -> None:
+    """The freeze began at the slot (after the body's self-fence passed) and the first step came
+    on resume: the one window no lease closes, reported as a note."""
+    history = clean()
+    _frozen_at_start(history, start_after_resume=0.0, freeze_from=0.001)
+    report = check(history)
+    assert report.ok, report.render()
+    assert {n.kind for n in report.notes} == {c.FROZEN_AT_START}
+
+
+@pytest.mark.parametrize(
+    ("start_after_resume", "freeze_from"),
+    [(2.0, 0.001), (0.0, 1.5)],
+    ids=["started-long-after-the-resume", "frozen-only-after-it-was-declared-lost"],
+)
+def test_a_start_after_lost_not_explained_by_a_freeze_at_start_is_a_violation(
+    start_after_resume: float, freeze_from: float
+) -> None:
+    history = clean()
+    _frozen_at_start(history, start_after_resume=start_after_resume, freeze_from=freeze_from)
+    report = check(history)
+    assert set(report.by_kind()) == {c.START_AFTER_LOST}, report.render()
