@@ -247,7 +247,10 @@ def test_probes_answer_a_pod_ip_host_under_production_settings(tmp_path):
     ALLOWED_HOSTS does not list: the probes still answer 200 (they were 400, so the pods would
     never be Ready), while every other path keeps refusing the unknown host."""
     env = production_env(tmp_path, DJANGO_ALLOWED_HOSTS="scheduler.example.com")
-    env.pop("REDIS_URL", None)  # readiness checks only the database here
+    # Readiness checks only a database of the test's own here (SQLite in tmp_path): the suite's
+    # MariaDB database name is the test runner's, which a subprocess does not see.
+    env.pop("REDIS_URL", None)
+    env.pop("DATABASE_URL", None)
     script = (
         "import json, django; django.setup(); from django.test import Client; c = Client(); "
         "host = '10.42.0.17:8000'; "
