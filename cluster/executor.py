@@ -978,14 +978,17 @@ class Executor:
                 run.process.kill()
                 run.process.join(PROCESS_REAP_S)  # reap it: no zombie left behind
             body_ended = body_ended or not run.process.is_alive()
-        lock = None
-        if body_ended:
-            with self._lock:
-                lock, run.lock = run.lock, None
+        lock = self._take_lock(run) if body_ended else None
         self._outcomes.put(outcome)
         if lock is not None:
             self._release_lock(lock)
         return True
+
+    def _take_lock(self, run: ActiveRun) -> LockWatchdog | None:
+        """The run's job lock, taken from it (atomically: whoever takes it releases it, once)."""
+        with self._lock:
+            lock, run.lock = run.lock, None
+        return lock
 
     # --- the supervisor: timeouts, cancel requests, lost locks ------------------------------------------
     def _supervise(self, stop: threading.Event) -> None:
@@ -1010,7 +1013,8 @@ class Executor:
                     self._complete(
                         _Outcome(run, S.CANCELLED, output=output, reason=run.outcome_reason)
                     )
-                elif run.lock is not None and run.lock.lost.is_set():
+                elif (lock := run.lock) is not None and lock.lost.is_set():
+                    # Read once: the body's own completion may take the lock meanwhile.
                     run.cancel_event.set()
                     self._complete(
                         _Outcome(
@@ -1071,8 +1075,9 @@ class Executor:
             for outcome in batch:
                 self._write_alone(outcome)
         for outcome in batch:
-            if outcome.run.lock is not None:
-                self._release_lock(outcome.run.lock)
+            lock = self._take_lock(outcome.run)
+            if lock is not None:
+                self._release_lock(lock)
         with self._lock:
             self._unwritten -= len(batch)
             self._finishing.difference_update(o.run.execution.pk for o in batch)
@@ -1176,6 +1181,7 @@ class Executor:
                     now=timezone.now(),
                 ):
                     count += 1
-            if run.lock is not None:
-                self._release_lock(run.lock)
+            lock = self._take_lock(run)
+            if lock is not None:
+                self._release_lock(lock)
         return count
