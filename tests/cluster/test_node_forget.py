@@ -89,3 +89,13 @@ def test_the_cli_removes_a_dead_node_and_refuses_an_active_one_with_exit_2() -> 
     with pytest.raises(CommandError) as raised:
         call_command("nodes", "forget", "cli-live")
     assert raised.value.returncode == 2
+
+
+def test_the_cli_drains_an_active_node_and_refuses_an_unknown_one_with_exit_2(capsys) -> None:
+    make_node("cli-drain", NodeStatus.ACTIVE)
+    call_command("nodes", "drain", "cli-drain")
+    assert "drain requested for cli-drain" in capsys.readouterr().out
+    assert SchedulerNode.objects.get(node_id="cli-drain").drain_requested
+    with pytest.raises(CommandError) as raised:
+        call_command("nodes", "drain", "nobody")
+    assert raised.value.returncode == 2

@@ -15,6 +15,11 @@ from jobs.models import AuditSource
 from jobs.services import ActionNotAllowed, Actor
 
 EXIT_USAGE = 2
+# action -> (the service it calls, what it prints when done)
+NODE_ACTIONS = {
+    "drain": (services.node_request_drain, "drain requested for {node}"),
+    "forget": (services.node_forget, "removed {node}"),
+}
 
 
 class Command(BaseCommand):
@@ -29,25 +34,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
-        if action == "forget":
+        if action in NODE_ACTIONS:
+            service, done = NODE_ACTIONS[action]
             node = SchedulerNode.objects.filter(node_id=options["node_id"]).first()
             if node is None:
                 raise CommandError(f"no node {options['node_id']!r}", returncode=EXIT_USAGE)
             try:
-                services.node_forget(node_pk=node.pk, by=Actor(source=AuditSource.CLI))
+                service(node_pk=node.pk, by=Actor(source=AuditSource.CLI))
             except ActionNotAllowed as exc:
                 raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
-            self.stdout.write(f"removed {node.node_id}")
-            return
-        if action == "drain":
-            node = SchedulerNode.objects.filter(node_id=options["node_id"]).first()
-            if node is None:
-                raise CommandError(f"no node {options['node_id']!r}", returncode=EXIT_USAGE)
-            try:
-                services.node_request_drain(node_pk=node.pk, by=Actor(source=AuditSource.CLI))
-            except ActionNotAllowed as exc:
-                raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
-            self.stdout.write(f"drain requested for {node.node_id}")
+            self.stdout.write(done.format(node=node.node_id))
             return
         state = selectors.cluster_state()
         now = timezone.now()

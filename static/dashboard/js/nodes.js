@@ -23,18 +23,24 @@
     return parts;
   }
 
-  function drainForm(node, next, label, small) {
+  // A POST form for one node action (drain, forget), confirmed before it is sent.
+  function actionForm(node, action, confirm, label, small, next) {
+    var fields = [el("input", { type: "hidden", name: "csrfmiddlewaretoken", value: Sched.csrfToken() })];
+    if (next) fields.push(el("input", { type: "hidden", name: "next", value: next }));
+    fields.push(el("button", { type: "submit", class: "btn btn--secondary" + (small ? " btn--small" : "") }, label));
     return el("form", {
       method: "post",
-      action: "/nodes/" + node.id + "/drain/",
+      action: "/nodes/" + node.id + "/" + action + "/",
       class: "inline-form",
-      "data-action": "drain",
-      "data-confirm": "Drain " + node.node_id + "? It stops claiming work, hands over leadership and finishes what it runs.",
-    }, [
-      el("input", { type: "hidden", name: "csrfmiddlewaretoken", value: Sched.csrfToken() }),
-      el("input", { type: "hidden", name: "next", value: next }),
-      el("button", { type: "submit", class: "btn btn--secondary" + (small ? " btn--small" : "") }, label),
-    ]);
+      "data-action": action,
+      "data-confirm": confirm,
+    }, fields);
+  }
+
+  function drainForm(node, next, label, small) {
+    return actionForm(node, "drain",
+      "Drain " + node.node_id + "? It stops claiming work, hands over leadership and finishes what it runs.",
+      label, small, next);
   }
 
   function gone(node) {
@@ -42,16 +48,9 @@
   }
 
   function forgetForm(node, label, small) {
-    return el("form", {
-      method: "post",
-      action: "/nodes/" + node.id + "/forget/",
-      class: "inline-form",
-      "data-action": "forget",
-      "data-confirm": "Remove " + node.node_id + " from the list? Its runs and terms keep their history; if it comes back it registers again.",
-    }, [
-      el("input", { type: "hidden", name: "csrfmiddlewaretoken", value: Sched.csrfToken() }),
-      el("button", { type: "submit", class: "btn btn--secondary" + (small ? " btn--small" : "") }, label),
-    ]);
+    return actionForm(node, "forget",
+      "Remove " + node.node_id + " from the list? Its runs and terms keep their history; if it comes back it registers again.",
+      label, small, null);
   }
 
   function summary(data) {
