@@ -451,8 +451,7 @@ class NodeRunner:
                     delay,
                     extra=self._log_extra,
                 )
-                close_old_connections()
-                connection.close()
+                connection.close()  # a fresh one on the next attempt
             if stop.wait(delay):
                 break
             delay = min(REGISTER_RETRY_MAX_S, delay * 2)

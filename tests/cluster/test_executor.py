@@ -246,22 +246,46 @@ def test_a_multi_argument_print_is_one_line(executor, monkeypatch):
 # --- the self-fence: nothing starts without a confirmed claim --------------------------------------------
 
 
-def lapsing_executor(ttl_s: float) -> tuple[Executor, Membership, threading.Event]:
-    """An executor whose membership was confirmed once and is never renewed again."""
-    backend = MemoryBackend()
-    membership = Membership(backend, "fenced-node", ttl_s=ttl_s, margin_s=0.1)
+def started_executor(
+    backend: MemoryBackend,
+    node_id: str,
+    stop: threading.Event,
+    *,
+    capacity: int,
+    ttl_s: float = PRESENCE_TTL_MS / 1000,
+    heartbeat_s: float = 1.0,
+    margin_s: float | None = None,
+) -> Executor:
+    """An executor on ``backend`` whose membership was confirmed once, its starter running until
+    ``stop``."""
+    extra = {} if margin_s is None else {"margin_s": margin_s}
+    membership = Membership(backend, node_id, ttl_s=ttl_s, **extra)
     membership.renew({})
     runner = Executor(
-        node_id="fenced-node",
+        node_id=node_id,
         queues=["default"],
-        capacity=4,
+        capacity=capacity,
         backend=backend,
         membership=membership,
-        heartbeat_s=ttl_s / 4,
+        heartbeat_s=heartbeat_s,
     )
-    stop = threading.Event()
     threading.Thread(target=runner.run_starter, args=(stop,), daemon=True).start()
-    return runner, membership, stop
+    return runner
+
+
+def lapsing_executor(ttl_s: float) -> tuple[Executor, Membership, threading.Event]:
+    """An executor whose membership was confirmed once and is never renewed again."""
+    stop = threading.Event()
+    runner = started_executor(
+        MemoryBackend(),
+        "fenced-node",
+        stop,
+        capacity=4,
+        ttl_s=ttl_s,
+        heartbeat_s=ttl_s / 4,
+        margin_s=0.1,
+    )
+    return runner, runner.membership, stop
 
 
 @pytest.mark.parametrize("policy", [ConcurrencyPolicy.FORBID, ConcurrencyPolicy.ALLOW])
@@ -724,19 +748,8 @@ def test_runs_waiting_their_turn_do_not_hold_the_capacity_the_older_fire_needs(t
     """A node of capacity 1 holds a newer fire of a forbid job that waits for an older one (which
     came back to the queue, e.g. from a dead node). The waiting run must not fill the node: the
     older fire is claimed and runs, then the newer one."""
-    backend = MemoryBackend()
-    membership = Membership(backend, "small-node", ttl_s=PRESENCE_TTL_MS / 1000)
-    membership.renew({})
-    runner = Executor(
-        node_id="small-node",
-        queues=["default"],
-        capacity=1,
-        backend=backend,
-        membership=membership,
-        heartbeat_s=1.0,
-    )
     stop = threading.Event()
-    threading.Thread(target=runner.run_starter, args=(stop,), daemon=True).start()
+    runner = started_executor(MemoryBackend(), "small-node", stop, capacity=1)
     try:
         path = tmp_path / "r"
         job = make_job("in-order", "test.record", kwargs={"path": str(path)})
@@ -773,23 +786,8 @@ def test_nodes_full_of_waiting_runs_still_claim_the_older_fire_they_wait_for(tmp
     order. Before the fix both nodes stayed full until the job's misfire grace (the chaos run
     saw 16 s of nothing claimed after a database outage)."""
     backend = MemoryBackend()
-    runners = []
-    for name in ("wait-a", "wait-b"):
-        membership = Membership(backend, name, ttl_s=PRESENCE_TTL_MS / 1000)
-        membership.renew({})
-        runners.append(
-            Executor(
-                node_id=name,
-                queues=["default"],
-                capacity=1,
-                backend=backend,
-                membership=membership,
-                heartbeat_s=1.0,
-            )
-        )
     stop = threading.Event()
-    for runner in runners:
-        threading.Thread(target=runner.run_starter, args=(stop,), daemon=True).start()
+    runners = [started_executor(backend, name, stop, capacity=1) for name in ("wait-a", "wait-b")]
     try:
         path = tmp_path / "r"
         job = make_job("in-order-2", "test.record", kwargs={"path": str(path)})
