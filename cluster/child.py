@@ -15,7 +15,7 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
     import django
 
     django.setup()
-    from cluster.executor import _call_task
+    from cluster.executor.output import call_task
     from jobs import registry
     from jobs.executions import jsonable_result
 
@@ -28,7 +28,7 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
     )
     try:
         spec = registry.get_task(task_name)
-        value = _call_task(spec, args, kwargs, context)
+        value = call_task(spec, args, kwargs, context)
         conn.send({"ok": True, "result": jsonable_result(value), "output": context.output})
     except BaseException as exc:  # report everything, including SystemExit, to the parent
         conn.send(

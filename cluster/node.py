@@ -27,15 +27,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.utils import timezone
 
 from cluster import scheduler
+from cluster.clock import Clock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.elector import ElectionConfig, LeaderElector
-from cluster.executor import RECONCILE_AFTER_S, Executor
+from cluster.executor import RECONCILE_AFTER_S, Executor, Runner
 from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
@@ -108,9 +108,20 @@ def _loop(name: str, stop: threading.Event, body: Callable[[], float]) -> None:
 
 
 class NodeRunner:
-    def __init__(self, config: NodeConfig, backend: CoordinationBackend | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        backend: CoordinationBackend | None = None,
+        *,
+        clock: Clock | None = None,
+        runner: Runner | None = None,
+        inline: bool = False,
+    ) -> None:
+        """``clock``, ``runner`` and ``inline`` are for a stepped, deterministic test cluster: a
+        node process uses the system clock, the thread runner and threads for its loops."""
         self.config = config
         self.backend = backend or get_backend()
+        self.clock = clock or getattr(self.backend, "clock", None) or SystemClock()
         self.stop_event = threading.Event()
         # The election loop stops first on drain, so the node never campaigns again while it
         # finishes its work.
@@ -123,9 +134,11 @@ class NodeRunner:
         self._wake_leader = threading.Event()
         self._wake_claim = threading.Event()
         self._last_reap = 0.0
-        self._last_reconcile = time.monotonic()
+        self._last_reconcile = self.clock.monotonic()
         self._threads: list[threading.Thread] = []
-        self.membership = Membership(self.backend, config.node_id, ttl_s=config.dead_after_s)
+        self.membership = Membership(
+            self.backend, config.node_id, ttl_s=config.dead_after_s, clock=self.clock
+        )
         self.executor = Executor(
             node_id=config.node_id,
             queues=config.queues,
@@ -134,6 +147,9 @@ class NodeRunner:
             membership=self.membership,
             heartbeat_s=config.heartbeat_interval_s,
             lookahead_s=config.lookahead_s,
+            clock=self.clock,
+            runner=runner,
+            inline=inline,
         )
         self.executor.on_room = self._wake_claim.set
         self.elector = LeaderElector(
@@ -141,17 +157,21 @@ class NodeRunner:
             LEASE_NAME,
             config.node_id,
             config.election,
+            clock=self.clock,
             on_started_leading=self._started_leading,
             on_stopped_leading=self._stopped_leading,
         )
         self._log_extra = {"node": config.node_id}
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now(), tz=UTC)
 
     # --- registration and heartbeat ------------------------------------------------------------------
     def register(self) -> SchedulerNode:
         # Present in the backend before the row says "active": the reaper never sees an active
         # node without a presence unless it is dead.
         self.presence_once()
-        now = timezone.now()
+        now = self._now()
         node, _ = SchedulerNode.objects.update_or_create(
             node_id=self.config.node_id,
             defaults={
@@ -173,7 +193,7 @@ class NodeRunner:
         return node
 
     def heartbeat_once(self) -> float:
-        now = timezone.now()
+        now = self._now()
         status = NodeStatus.DRAINING if self.draining else NodeStatus.ACTIVE
         # A row marked stopped is never brought back: that is this node's own shutdown, and a
         # heartbeat in flight when it was written must not make the node look alive again.
@@ -203,8 +223,8 @@ class NodeRunner:
                 )
                 self.register()
         self.executor.apply_cancel_requests()
-        if time.monotonic() - self._last_reconcile >= RECONCILE_INTERVAL_S:
-            self._last_reconcile = time.monotonic()
+        if self.clock.monotonic() - self._last_reconcile >= RECONCILE_INTERVAL_S:
+            self._last_reconcile = self.clock.monotonic()
             self.executor.reconcile()
         if (
             not self.draining
@@ -299,7 +319,7 @@ class NodeRunner:
                 self.backend.raise_term_floor(LEASE_NAME, stored)
                 self.elector.release()
                 return
-            now = timezone.now()
+            now = self._now()
             with transaction.atomic():
                 for old in LeadershipTerm.objects.filter(
                     ended_at__isnull=True, term__lt=lease.term
@@ -328,7 +348,7 @@ class NodeRunner:
         )
         try:
             LeadershipTerm.objects.filter(term=lease.term, ended_at__isnull=True).update(
-                ended_at=timezone.now(), end_reason=end_reason
+                ended_at=self._now(), end_reason=end_reason
             )
         except Exception:
             logger.exception("could not close term %s", lease.term, extra=extra)
@@ -340,7 +360,7 @@ class NodeRunner:
         term = self._term
         if not self.is_leader or term is None:
             return LEADER_MAX_SLEEP_S
-        now = timezone.now()
+        now = self._now()
         try:
             result = scheduler.scheduler_tick(
                 term=term,
@@ -348,13 +368,13 @@ class NodeRunner:
                 lookahead=timedelta(seconds=self.config.lookahead_s + LEADER_TICK_EARLY_S),
             )
             if (
-                time.monotonic() - self._last_reap >= REAP_INTERVAL_S
+                self.clock.monotonic() - self._last_reap >= REAP_INTERVAL_S
                 and self.membership.steady_for() >= self.config.dead_after_s
             ):
-                self._last_reap = time.monotonic()
+                self._last_reap = self.clock.monotonic()
                 reaped = scheduler.reap_dead_nodes(
                     term=term,
-                    now=timezone.now(),
+                    now=self._now(),
                     dead_after=timedelta(seconds=self.config.dead_after_s),
                     live=set(self.backend.live_nodes()),
                 )
@@ -383,9 +403,7 @@ class NodeRunner:
         # Tick a little before the look-ahead horizon reaches the next fire: far from the instants
         # at which this node's own tasks start (a 1 s job's fires are all on whole seconds).
         until_due = (
-            (earliest - timezone.now()).total_seconds()
-            - self.config.lookahead_s
-            - LEADER_TICK_EARLY_S
+            (earliest - self._now()).total_seconds() - self.config.lookahead_s - LEADER_TICK_EARLY_S
         )
         return max(0.0, min(LEADER_MAX_SLEEP_S, until_due))
 
@@ -505,7 +523,7 @@ class NodeRunner:
         try:
             # Whatever this node still holds without tracking it (a batch that failed midway)
             # goes back too: a stopped node leaves nothing claimed behind.
-            self.executor.reconcile(now=timezone.now() + timedelta(seconds=RECONCILE_AFTER_S))
+            self.executor.reconcile(now=self._now() + timedelta(seconds=RECONCILE_AFTER_S))
         except Exception:
             logger.exception("final reconcile failed (the reaper will recover)", extra=extra)
         logger.info(

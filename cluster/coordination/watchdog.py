@@ -44,6 +44,7 @@ class LockWatchdog:
         self.lost = threading.Event()
         self.lost_reason: str | None = None
         self._handle = handle
+        self._last_extension = self.clock.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"lock-watchdog:{handle.name}", daemon=True
@@ -72,22 +73,37 @@ class LockWatchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
-                extended = self.backend.extend_lock(self._handle, self.ttl_ms)
-            except Exception as exc:  # keep trying while the lock is certainly still ours
-                next_try = self.clock.monotonic() + self.interval_s
-                if next_try < self._handle.valid_until():
-                    logger.warning(
-                        "extending lock %s failed, will retry: %s", self._handle.name, exc
-                    )
-                    continue
-                logger.warning("extending lock %s failed: %s", self._handle.name, exc)
-                self._report(LOST_UNREACHABLE)
+            if not self.extend_once():
                 return
-            if extended is None:
-                self._report(LOST_NOT_OWNED)
-                return
-            self._handle = extended
+
+    def extend_if_due(self) -> bool:
+        """For a watchdog driven by its owner instead of its thread (a stepped test cluster):
+        extend once if ``interval_s`` has passed on the clock since the last extension. False once
+        the lock is lost."""
+        if self.lost.is_set():
+            return False
+        if self.clock.monotonic() < self._last_extension + self.interval_s:
+            return True
+        return self.extend_once()
+
+    def extend_once(self) -> bool:
+        """One extension. False when the lock is lost (reported) and the watchdog must stop."""
+        self._last_extension = self.clock.monotonic()
+        try:
+            extended = self.backend.extend_lock(self._handle, self.ttl_ms)
+        except Exception as exc:  # keep trying while the lock is certainly still ours
+            next_try = self.clock.monotonic() + self.interval_s
+            if next_try < self._handle.valid_until():
+                logger.warning("extending lock %s failed, will retry: %s", self._handle.name, exc)
+                return True
+            logger.warning("extending lock %s failed: %s", self._handle.name, exc)
+            self._report(LOST_UNREACHABLE)
+            return False
+        if extended is None:
+            self._report(LOST_NOT_OWNED)
+            return False
+        self._handle = extended
+        return True
 
     def _report(self, reason: str) -> None:
         logger.error("lock %s lost (%s): abort the work it protects", self._handle.name, reason)

@@ -20,7 +20,6 @@ from django.db import OperationalError
 from django.utils import timezone
 
 import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
-from cluster import executor as executor_module
 from cluster.admission import REASON_FORBID, REASON_LOCK_WAIT
 from cluster.coordination.memory import MemoryBackend
 from cluster.executor import (
@@ -32,6 +31,8 @@ from cluster.executor import (
     RECONCILE_AFTER_S,
     Executor,
 )
+from cluster.executor import core as executor_core
+from cluster.executor.output import install_output_capture
 from cluster.membership import Membership
 from jobs import executions
 from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
@@ -224,7 +225,7 @@ def test_a_task_printing_to_stdout_has_its_output_captured(executor, monkeypatch
     # pytest puts its own capture back into sys.stdout at every test phase, which unhooks the
     # executor's per-thread stdout router (installed once per process, at the first Executor).
     # A node process has no such swapping; put the router back for this test only.
-    monkeypatch.setattr(sys, "stdout", executor_module._install_output_capture())
+    monkeypatch.setattr(sys, "stdout", install_output_capture())
     execution = submit(make_job("printer", "test.print_lines", kwargs={"lines": PRINTED}))
 
     done = run_to_outcome(executor, execution)
@@ -235,7 +236,7 @@ def test_a_task_printing_to_stdout_has_its_output_captured(executor, monkeypatch
 
 
 def test_a_multi_argument_print_is_one_line(executor, monkeypatch):
-    monkeypatch.setattr(sys, "stdout", executor_module._install_output_capture())
+    monkeypatch.setattr(sys, "stdout", install_output_capture())
     execution = submit(make_job("parts", "test.print_parts"))
 
     done = run_to_outcome(executor, execution)
@@ -448,7 +449,7 @@ def test_a_cancel_request_cancels_the_running_execution(executor, tmp_path):
 def test_a_cancel_request_kills_a_process_isolated_run(executor, tmp_path, monkeypatch):
     # The outcome must not depend on when the supervisor's next pass comes: make it come late
     # (its current short wait ends long before the cancel below).
-    monkeypatch.setattr(executor_module, "SUPERVISE_INTERVAL_S", SLOW_SUPERVISOR_S)
+    monkeypatch.setattr(executor_core, "SUPERVISE_INTERVAL_S", SLOW_SUPERVISOR_S)
     monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
     pid_file = tmp_path / "child.pid"
     job = make_job(
@@ -696,8 +697,8 @@ def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
     """The database stays away: each admission of the run fails. After ADMISSION_ATTEMPTS the run
     stops counting against capacity (a node that leaks them ends up claiming nothing at all), and
     the audit gives the row back."""
-    monkeypatch.setattr(executor_module, "ADMISSION_RETRY_S", 0.01)
-    monkeypatch.setattr(executor_module, "ADMISSION_ATTEMPTS", 3)
+    monkeypatch.setattr(executor_core, "ADMISSION_RETRY_S", 0.01)
+    monkeypatch.setattr(executor_core, "ADMISSION_ATTEMPTS", 3)
     job = make_job("unlucky", "noop")
     execution = submit(job)
     calls = []
@@ -706,7 +707,7 @@ def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
         calls.append(1)
         raise OperationalError("(2013, 'Lost connection to server during query')")
 
-    monkeypatch.setattr(executor_module.executions, "start_batch", failing_start_batch)
+    monkeypatch.setattr(executions, "start_batch", failing_start_batch)
     assert executor.claim_once() == 1
     wait_for(lambda: len(calls) == 3 and executor.load == 0, OUTCOME_TIMEOUT_S)
     monkeypatch.undo()
@@ -728,7 +729,7 @@ def test_a_run_whose_admission_failed_starts_once_the_database_answers(executor,
     job = make_job("brief-outage", "noop")
     execution = submit(job)
     calls = []
-    real_start_batch = executor_module.executions.start_batch
+    real_start_batch = executions.start_batch
 
     def flaky_start_batch(*args, **kwargs):
         calls.append(1)
@@ -736,7 +737,7 @@ def test_a_run_whose_admission_failed_starts_once_the_database_answers(executor,
             raise OperationalError("(2013, 'Lost connection to server during query')")
         return real_start_batch(*args, **kwargs)
 
-    monkeypatch.setattr(executor_module.executions, "start_batch", flaky_start_batch)
+    monkeypatch.setattr(executions, "start_batch", flaky_start_batch)
     assert executor.claim_once() == 1
     done = wait_for_status(execution, TERMINAL_STATES)
     assert done.status == S.SUCCEEDED

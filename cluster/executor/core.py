@@ -1,0 +1,677 @@
+"""The executor: claims a node's share of the due executions, admits each at its due instant, has a
+runner execute it, supervises it and writes its outcome. The rooms it is built from:
+
+    facts.py       what admission decides on, gathered per batch (lock, blockers, older fires)
+    runners.py     how an admitted body runs (a thread; a child process) and waits for its instant
+    supervisor.py  when a running run is over though its body has not said so
+    finisher.py    outcomes written in batches
+    output.py      a task thread's prints captured into its run's output
+    runs.py        what is tracked about a run, and the reasons recorded
+
+Every time it reads comes from an injected clock (``cluster.clock``), and every loop has a step
+that does one pass (``starter_step``, ``supervise_once``, ``Finisher.flush``): threads for a node,
+the steps themselves for a deterministic test harness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from django.db import InterfaceError, OperationalError, connection, transaction
+
+from cluster import admission
+from cluster.admission import Decision, HandBack, Lock, Skip, Start, Wait
+from cluster.clock import Clock, SystemClock
+from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
+from cluster.executor import facts as gather
+from cluster.executor.finisher import Finisher
+from cluster.executor.output import install_output_capture
+from cluster.executor.runners import Runner, ThreadRunner
+from cluster.executor.runs import (
+    REASON_CANCELLED,
+    REASON_SHUT_DOWN,
+    REASON_UNTRACKED,
+    ActiveRun,
+    Outcome,
+    Scheduled,
+    Waiting,
+)
+from cluster.executor.supervisor import verdict
+from cluster.membership import Membership
+from jobs import executions
+from jobs.models import ConcurrencyPolicy, Isolation, JobExecution
+from jobs.states import ExecutionStatus
+
+logger = logging.getLogger(__name__)
+
+S = ExecutionStatus
+# A claimed execution is admitted this long before it is due, to take locks and mark it running,
+# so that the task itself starts on the due instant.
+PREPARE_AHEAD_S = 0.25
+# Waiting runs whose next look falls within this window are looked at in one batch (seconds).
+WAIT_COALESCE_S = 0.05
+# A body starts only while its job lock stays valid at least this much longer (seconds).
+LOCK_START_MARGIN_S = 0.2
+SUPERVISE_INTERVAL_S = 0.05
+CANCEL_GRACE_S = 2.0
+PROCESS_REAP_S = 2.0
+HAND_BACK_ATTEMPTS = 5
+# A row this node holds but does not track is a leftover once it is this old (seconds).
+RECONCILE_AFTER_S = 5.0
+# A run whose admission batch failed (the database went away) is looked at again after this, up to
+# ADMISSION_ATTEMPTS times; then it is left to ``reconcile``. Keeping it tracked means no other run of
+# its job waits RECONCILE_AFTER_S behind a claim nobody would act on.
+ADMISSION_RETRY_S = 0.5
+ADMISSION_ATTEMPTS = 20
+# The starter's longest sleep when nothing is claimed (it is woken by a claim).
+STARTER_IDLE_S = 0.5
+
+
+class Executor:
+    """Claims and runs executions for one node, within ``capacity``.
+
+    The hot path is batched: claims are one transaction per poll; executions due together are
+    admitted together (one query for blocking runs, one conditional UPDATE to ``running``) shortly
+    before they are due, and their bodies are released at the due instant; outcomes are written by
+    the finisher, many per transaction. The supervisor enforces timeouts and cancel requests.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        queues: list[str],
+        capacity: int,
+        backend: CoordinationBackend,
+        membership: Membership,
+        heartbeat_s: float,
+        lookahead_s: float = 1.0,
+        clock: Clock | None = None,
+        runner: Runner | None = None,
+        inline: bool = False,
+    ) -> None:
+        self.node_id = node_id
+        self.queues = queues
+        self.capacity = capacity
+        self.backend = backend
+        self.membership = membership
+        self.heartbeat_s = heartbeat_s
+        self.clock = clock or SystemClock()
+        self.runner = runner or ThreadRunner()
+        # Admission batches run in the starter's caller rather than a thread of their own (a
+        # stepped executor: everything happens in the test's thread, in order).
+        self.inline = inline
+        # A job lock lives as long as a presence: a dead node's locks free when it is declared dead.
+        self.job_lock_ttl_ms = int(membership.ttl_s * 1000)
+        self.lookahead_s = lookahead_s
+        self._lock = threading.Lock()
+        self._timer_heap: list[Scheduled] = []
+        self._waiting: list[Waiting] = []
+        self._seq = 0
+        self._active: dict[int, ActiveRun] = {}
+        self._claimed: set[int] = set()
+        self.finisher = Finisher(self.clock, self._written)
+        self._unwritten = 0
+        # Runs whose outcome is queued for the finisher (still running in the database).
+        self._finishing: set[int] = set()
+        self._wake_starter = threading.Event()
+        # Called when capacity frees (an outcome written, a claim given up): the node's claim
+        # loop looks again at once instead of at its next poll.
+        self.on_room: Callable[[], None] = lambda: None
+        self.claiming = True
+        install_output_capture()
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now(), tz=UTC)
+
+    # --- bookkeeping ----------------------------------------------------------------------------
+    @property
+    def running_count(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    @property
+    def load(self) -> int:
+        """Claimed + running (+ outcomes not yet written, see below): what counts against capacity.
+
+        Runs in the waiting room count only beyond a second budget of ``capacity``: runs waiting
+        their turn (an older fire of their job first, a lock about to free) must never fill a
+        node so that the run they wait for cannot be claimed by anyone (a deadlock of capacity).
+        Outcomes waiting for the finisher count only beyond a budget of ``capacity`` too: their
+        bodies are over and their locks released, so a finisher a little behind (a batch in
+        flight, a database slow for a moment) must not stop the node claiming; one far behind
+        does."""
+        with self._lock:
+            waiting = len(self._waiting)
+            return (
+                len(self._claimed)
+                - waiting
+                + max(0, waiting - self.capacity)
+                + len(self._active)
+                + max(0, self._unwritten - self.capacity)
+            )
+
+    def running_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._active)
+
+    # --- claiming ---------------------------------------------------------------------------------
+    def claim_once(self) -> int:
+        """Claim what fits; returns the number claimed. Called by the node's claim loop."""
+        if not self.claiming or not self.membership.confirmed():
+            # A node that cannot show it is still a member claims nothing it could not start.
+            return 0
+        free = self.capacity - self.load
+        if free <= 0:
+            return 0
+        epoch = self.membership.epoch
+        now = self._now()
+        claimed = executions.claim_batch(
+            node_id=self.node_id,
+            queues=self.queues,
+            limit=free,
+            horizon=now + timedelta(seconds=self.lookahead_s),
+            now=now,
+        )
+        if claimed:
+            with self._lock:
+                # A drain that began while the claim waited for the database (SQLite's write
+                # lock) has already emptied the heap: these go straight back, not into it.
+                keep = self.claiming
+                for execution in claimed if keep else ():
+                    self._claimed.add(execution.pk)
+                    self._seq += 1
+                    heapq.heappush(
+                        self._timer_heap,
+                        Scheduled(execution.run_after.timestamp(), self._seq, execution, epoch),
+                    )
+            if not keep:
+                for execution in claimed:
+                    executions.hand_back(execution)
+                return 0
+            self._wake_starter.set()
+        return len(claimed)
+
+    def reconcile(self, *, now: datetime | None = None) -> tuple[int, int]:
+        """Self-audit: rows this node holds in the database but no longer tracks (an error in the
+        hot path, a database outage in the middle of a batch) are given back: a claimed, unstarted
+        run goes back to the queue, a running one nobody here runs is ended ``lost`` (retried per
+        policy). Only rows older than RECONCILE_AFTER_S, so a claim or a start in flight is never
+        mistaken for a leftover. Returns (handed back, ended lost)."""
+        now = now or self._now()
+        cutoff = now - timedelta(seconds=RECONCILE_AFTER_S)
+        with self._lock:
+            tracked = (
+                set(self._claimed)
+                | set(self._active)
+                | self._finishing
+                | {item.execution.pk for item in self._timer_heap}
+                | {waiting.item.execution.pk for waiting in self._waiting}
+            )
+        mine = JobExecution.objects.select_related("job").filter(node=self.node_id)
+        claims = list(
+            mine.filter(status=S.PENDING, claim_token__isnull=False, claimed_at__lt=cutoff).exclude(
+                pk__in=tracked
+            )
+        )
+        handed_back = sum(executions.hand_back(execution) for execution in claims)
+        lost = 0
+        for execution in mine.filter(status=S.RUNNING, started_at__lt=cutoff).exclude(
+            pk__in=tracked
+        ):
+            with transaction.atomic():
+                lost += executions.end_running(
+                    execution,
+                    status=S.LOST,
+                    reason=REASON_UNTRACKED.format(node=self.node_id),
+                    now=now,
+                )
+        if handed_back or lost:
+            logger.warning(
+                "reconciled: %d untracked claims handed back, %d untracked runs ended lost",
+                handed_back,
+                lost,
+                extra={"node": self.node_id},
+            )
+        return handed_back, lost
+
+    def on_membership_lapse(self) -> int:
+        """This node's presence had expired: the cluster may have taken what it claimed. Hand the
+        unstarted claims back (conditionally); runs being prepared fail the epoch check at start."""
+        return self.release_unstarted()
+
+    def release_unstarted(self) -> int:
+        """Hand every claimed-but-unstarted execution back (drain, shutdown)."""
+        with self._lock:
+            pending = [item.execution for item in self._timer_heap]
+            pending += [waiting.item.execution for waiting in self._waiting]
+            self._timer_heap.clear()
+            self._waiting.clear()
+        count = 0
+        for execution in pending:
+            if executions.hand_back(execution):
+                count += 1
+            with self._lock:
+                self._claimed.discard(execution.pk)
+        return count
+
+    # --- the starter: admission shortly before the due instant -----------------------------------
+    def run_starter(self, stop: threading.Event) -> None:
+        """The starter loop (``starter_step`` until stopped); also starts the finisher and the
+        supervisor threads."""
+        for name, target in (("finisher", self.finisher.run), ("supervisor", self._supervise)):
+            threading.Thread(
+                target=target, args=(stop,), name=f"{self.node_id}:{name}", daemon=True
+            ).start()
+        while not stop.is_set():
+            delay = self.starter_step()
+            if delay > 0:
+                self._wake_starter.wait(delay)
+                self._wake_starter.clear()
+
+    def starter_step(self) -> float:
+        """Take the claimed runs due within PREPARE_AHEAD_S, and the waiting runs due for another
+        look, as one batch and admit it (in a thread of its own, or here if ``inline``). Returns
+        the seconds until the next batch is due."""
+        now = self.clock.now()
+        batch: list[Scheduled] = []
+        with self._lock:
+            while self._timer_heap and self._timer_heap[0].due <= now + PREPARE_AHEAD_S:
+                batch.append(heapq.heappop(self._timer_heap))
+            # Waiting runs due for another look soon are looked at together.
+            while self._waiting and self._waiting[0].look_at <= now + WAIT_COALESCE_S:
+                batch.append(heapq.heappop(self._waiting).item)
+            instants = []
+            if self._timer_heap:
+                instants.append(self._timer_heap[0].due - PREPARE_AHEAD_S)
+            if self._waiting:
+                instants.append(self._waiting[0].look_at)
+        if batch:
+            if self.inline:
+                self._prepare_batch(batch)
+            else:
+                threading.Thread(
+                    target=self._guarded,
+                    args=(self._prepare_batch, batch),
+                    name=f"{self.node_id}:prepare",
+                    daemon=True,
+                ).start()
+        if not instants:
+            return STARTER_IDLE_S
+        return max(0.0, min(instants) - now)
+
+    def _guarded(self, body: Callable[..., None], *args: object) -> None:
+        try:
+            body(*args)
+        except Exception:
+            logger.exception("executor step %s failed", getattr(body, "__name__", body))
+        finally:
+            connection.close()
+
+    def _prepare_batch(self, batch: list[Scheduled]) -> None:
+        """``_admit_batch``; if it fails (the database or the lock service went away in the
+        middle), the runs it had not settled go back to the waiting room and are admitted again
+        ADMISSION_RETRY_S later, so they start as soon as the database answers. A run that keeps
+        failing (ADMISSION_ATTEMPTS) stops counting against capacity: a failed batch must never
+        leak capacity until the node claims nothing at all. Its row, still claimed by this node,
+        is given back by ``reconcile``."""
+        settled: set[int] = set()
+        held: dict[int, LockWatchdog] = {}
+        try:
+            self._admit_batch(batch, settled, held)
+        except Exception:
+            unsettled = [item for item in batch if item.execution.pk not in settled]
+            # A job lock kept alive by its watchdog for a run that will not start would block
+            # every later run of the job for as long as this node lives.
+            for item in unsettled:
+                if item.execution.pk in held:
+                    self._release_lock(held[item.execution.pk])
+            retried = 0
+            for item in unsettled:
+                item.failures += 1
+                if item.failures < ADMISSION_ATTEMPTS and self.claiming:
+                    self._wait(item, self.clock.now() + ADMISSION_RETRY_S)
+                    retried += 1
+                else:
+                    self._forget(item.execution.pk)
+            logger.exception(
+                "admission of %d runs failed; %d to try again, %d left to reconcile",
+                len(batch),
+                retried,
+                len(unsettled) - retried,
+                extra={"node": self.node_id},
+            )
+
+    def _admit_batch(
+        self, batch: list[Scheduled], settled: set[int], held: dict[int, LockWatchdog]
+    ) -> None:
+        """Admission for a batch of claimed runs: the facts are gathered for the whole batch (a
+        job lock attempt per forbid run, one query for blocking runs, one read of live nodes, one
+        query for older fires), each run is admitted (``cluster.admission``), the ones to start are
+        marked running in one statement per instant, and the ones told to wait go back to the
+        waiting room, not to a thread of their own: a node that is behind pays less per run, not
+        more."""
+        now = self.clock.now()
+        candidates: list[Scheduled] = []
+        for item in batch:
+            facts = gather.facts(item.execution, due=item.due, now=now, claiming=self.claiming)
+            if admission.is_stale(facts) or not self.claiming:
+                self._apply(item.execution, admission.admit(facts))
+                settled.add(item.execution.pk)
+                continue
+            candidates.append(item)
+        guarded = [
+            item
+            for item in candidates
+            if item.execution.job.concurrency_policy
+            in (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE)
+        ]
+        forbid = [
+            item
+            for item in guarded
+            if item.execution.job.concurrency_policy == ConcurrencyPolicy.FORBID
+        ]
+        blockers = gather.blockers(
+            guarded,
+            backend=self.backend,
+            ttl_s=self.membership.ttl_s,
+            heartbeat_s=self.heartbeat_s,
+            now=self._now(),
+        )
+        older = gather.older_waiting(forbid, now=self._now())
+        # The job lock is tried only by a run that could start: runs behind an older fire would
+        # only take it from the run they wait for (a lock taken and dropped ten times a second by
+        # every waiting run starves the one that could go). A run behind a recorded blocker does
+        # try: the lock says whether that blocker's body has really not ended.
+        locks: dict[int, tuple[Lock, LockWatchdog | None]] = {
+            item.execution.pk: gather.try_job_lock(
+                self.backend, item.execution, self.job_lock_ttl_ms
+            )
+            if item.execution.pk not in older
+            else (Lock.NOT_TRIED, None)
+            for item in forbid
+        }
+        held.update((pk, lock) for pk, (_, lock) in locks.items() if lock is not None)
+        starts: list[tuple[Scheduled, LockWatchdog | None]] = []
+        now = self.clock.now()
+        for item in candidates:
+            execution = item.execution
+            state, lock = locks.get(execution.pk, (Lock.NOT_NEEDED, None))
+            decision = admission.admit(
+                gather.facts(
+                    execution,
+                    due=item.due,
+                    now=now,
+                    claiming=self.claiming,
+                    lock=state,
+                    blocker=blockers.get(execution.job_id),
+                    older_waiting=execution.pk in older,
+                    older_unclaimed=older.get(execution.pk, False),
+                )
+            )
+            if isinstance(decision, Start):
+                starts.append((item, lock))
+                continue
+            if lock is not None:
+                self._release_lock(lock)
+            if isinstance(decision, Wait):
+                self._wait(item, now + decision.seconds)
+            else:
+                self._apply(execution, decision)
+            settled.add(execution.pk)
+        if starts:
+            self._start(starts)
+            settled.update(item.execution.pk for item, _ in starts)
+
+    def _wait(self, item: Scheduled, until: float) -> None:
+        """Into the waiting room: the starter looks at it again at ``until`` (wall clock)."""
+        with self._lock:
+            self._seq += 1
+            heapq.heappush(self._waiting, Waiting(until, self._seq, item))
+        self._wake_starter.set()
+
+    def _start(self, starts: list[tuple[Scheduled, LockWatchdog | None]]) -> None:
+        """Mark the admitted runs running (one statement per due instant) and launch them."""
+        if not self.claiming:
+            # Draining: nothing new starts; the batch goes back to the queue for another node.
+            for item, lock in starts:
+                if lock is not None:
+                    self._release_lock(lock)
+                executions.hand_back(item.execution)
+                self._forget(item.execution.pk)
+            return
+        by_due: dict[float, list[Scheduled]] = {}
+        for item, _ in starts:
+            by_due.setdefault(item.due, []).append(item)
+        won: set[int] = set()
+        for due, group in by_due.items():
+            # Marked running just before the due instant, all in one statement; a row cancelled
+            # or taken meanwhile does not match and its run does not start.
+            won |= executions.start_batch(
+                [item.execution for item in group],
+                planned=datetime.fromtimestamp(max(due, self.clock.now()), tz=UTC),
+            )
+        runs: list[ActiveRun] = []
+        for item, lock in starts:
+            execution = item.execution
+            if execution.pk not in won:
+                logger.info("execution %s was cancelled or taken before it started", execution.pk)
+                if lock is not None:
+                    self._release_lock(lock)
+                self._forget(execution.pk)
+                continue
+            run = ActiveRun(execution=execution, due=item.due, lock=lock, epoch=item.epoch)
+            with self._lock:
+                self._claimed.discard(execution.pk)
+                self._active[execution.pk] = run
+            runs.append(run)
+        if runs:
+            self.runner.launch(self, runs)
+
+    def _forget(self, execution_id: int) -> None:
+        with self._lock:
+            self._claimed.discard(execution_id)
+        self.on_room()
+
+    def _apply(self, execution: JobExecution, decision: Decision) -> None:
+        """Carry out a decision other than Start for a claimed, unstarted run."""
+        if isinstance(decision, Skip):
+            executions.skip(execution, reason=decision.reason, now=self._now())
+        elif isinstance(decision, HandBack):
+            run_after = (
+                None
+                if decision.after_s is None
+                else self._now() + timedelta(seconds=decision.after_s)
+            )
+            executions.hand_back(execution, run_after=run_after)
+        self._forget(execution.pk)
+
+    # --- what runners call: the self-fence and the outcome --------------------------------------
+    def may_start(self, run: ActiveRun) -> bool:
+        """The self-fence, checked on this node's own clock just before the body starts: its
+        membership confirmed without a lapse since the run was claimed, and the job lock (if any)
+        valid for a margin yet. Otherwise the run is given up: handed back to the queue if the
+        cluster has not taken it already (the write is conditional on the claim)."""
+        lock = run.lock
+        lock_ok = lock is None or (
+            not lock.lost.is_set()
+            and lock.clock.monotonic() < lock.handle.valid_until() - LOCK_START_MARGIN_S
+        )
+        if lock_ok and self.membership.confirmed(run.epoch):
+            return True
+        with self._lock:
+            if run.completed:
+                return False
+            run.completed = True
+            self._active.pop(run.execution.pk, None)
+        execution = run.execution
+        handed_back = False
+        try:
+            # The body did not start: give the run back, retrying a database that does not
+            # answer for a moment (otherwise the audit ends it lost though it never ran).
+            for attempt in range(HAND_BACK_ATTEMPTS):
+                try:
+                    handed_back = executions.hand_back_unstarted(execution)
+                    break
+                except (OperationalError, InterfaceError):
+                    logger.warning("hand back of execution %s failed; retrying", execution.pk)
+                    connection.close()
+                    time.sleep(0.2 * (attempt + 1))
+        finally:
+            if lock is not None:
+                self._release_lock(lock)
+        logger.warning(
+            "execution %s not started: %s (%s)",
+            execution.pk,
+            "lock no longer certain" if not lock_ok else "membership not confirmed",
+            "handed back" if handed_back else "already taken by the cluster",
+            extra={"node": self.node_id, "execution": execution.pk},
+        )
+        return False
+
+    def complete(self, outcome: Outcome, *, body_ended: bool = False) -> bool:
+        """Queue the first outcome of a run for the finisher; later ones are dropped.
+
+        When the body is known to have ended (it returned, or its process is gone), the job lock
+        is released now, before the outcome is written: the next run of a forbid job may start
+        as soon as this body is over, however far behind the finisher is. A thread body given up
+        on (timeout, cancel, lock lost) may still be running: its lock goes after the write."""
+        run = outcome.run
+        with self._lock:
+            if run.completed:
+                return False
+            run.completed = True
+            self._active.pop(run.execution.pk, None)
+            self._unwritten += 1
+            self._finishing.add(run.execution.pk)
+        if run.process is not None:
+            if run.process.is_alive():
+                run.process.kill()
+                run.process.join(PROCESS_REAP_S)  # reap it: no zombie left behind
+            body_ended = body_ended or not run.process.is_alive()
+        lock = self._take_lock(run) if body_ended else None
+        self.finisher.put(outcome)
+        if lock is not None:
+            self._release_lock(lock)
+        return True
+
+    def _take_lock(self, run: ActiveRun) -> LockWatchdog | None:
+        """The run's job lock, taken from it (atomically: whoever takes it releases it, once)."""
+        with self._lock:
+            lock, run.lock = run.lock, None
+        return lock
+
+    def _written(self, batch: list[Outcome]) -> None:
+        """The finisher wrote (or gave up on) ``batch``: its locks go, its capacity frees."""
+        for outcome in batch:
+            lock = self._take_lock(outcome.run)
+            if lock is not None:
+                self._release_lock(lock)
+        with self._lock:
+            self._unwritten -= len(batch)
+            self._finishing.difference_update(o.run.execution.pk for o in batch)
+        self.on_room()
+
+    def _release_lock(self, watchdog: LockWatchdog) -> None:
+        handle = watchdog.stop()
+        with contextlib.suppress(CoordinationError):
+            self.backend.release_lock(handle)
+
+    # --- the supervisor: timeouts, cancel requests, lost locks ----------------------------------
+    def _supervise(self, stop: threading.Event) -> None:
+        while not stop.wait(SUPERVISE_INTERVAL_S):
+            self.supervise_once()
+
+    def supervise_once(self) -> int:
+        """One pass over the running runs; returns how many were judged over."""
+        with self._lock:
+            runs = list(self._active.values())
+        now = self.clock.monotonic()
+        ended = 0
+        for run in runs:
+            outcome = verdict(run, now)
+            if outcome is not None:
+                ended += self.complete(outcome)
+        return ended
+
+    def extend_locks(self) -> None:
+        """Extend the job locks of running runs that are due for it (a stepped executor: its
+        watchdogs have no threads)."""
+        with self._lock:
+            locks = [run.lock for run in self._active.values() if run.lock is not None]
+        for lock in locks:
+            lock.extend_if_due()
+
+    # --- cancel requests and shutdown ------------------------------------------------------------
+    def apply_cancel_requests(self) -> int:
+        """Signal the runs an operator asked to cancel (one query over this node's running runs)."""
+        ids = self.running_ids()
+        if not ids:
+            return 0
+        wanted = list(
+            JobExecution.objects.filter(
+                pk__in=ids, status=S.RUNNING, cancel_requested=True
+            ).values_list("pk", "reason")
+        )
+        for pk, reason in wanted:
+            with self._lock:
+                run = self._active.get(pk)
+            if run is not None and not run.cancel_event.is_set():
+                run.outcome_reason = reason or REASON_CANCELLED
+                run.cancel_event.set()
+                if run.execution.job.isolation == Isolation.PROCESS:
+                    # Recorded as cancelled first, then the child is killed (in complete), so its
+                    # death is not mistaken for a failure.
+                    self.complete(Outcome(run, S.CANCELLED, reason=run.outcome_reason))
+                else:
+                    # A task in a thread sees the event and returns with what it has done; the
+                    # supervisor records the cancel without it after CANCEL_GRACE_S.
+                    run.cancel_deadline = self.clock.monotonic() + CANCEL_GRACE_S
+        return len(wanted)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing runs and every outcome is written (real time)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.idle():
+                return True
+            time.sleep(0.05)
+        return self.idle()
+
+    def idle(self) -> bool:
+        """Nothing running, nothing being prepared, every outcome written."""
+        with self._lock:
+            in_heap = {item.execution.pk for item in self._timer_heap}
+            preparing = self._claimed - in_heap
+            return not self._active and self._unwritten == 0 and not preparing
+
+    def hand_back_running(self) -> int:
+        """After the drain grace period: stop what still runs and record it as lost (retried)."""
+        count = 0
+        with self._lock:
+            runs = [run for run in self._active.values() if not run.completed]
+            for run in runs:
+                run.completed = True
+                self._active.pop(run.execution.pk, None)
+        for run in runs:
+            run.cancel_event.set()
+            if run.process is not None and run.process.is_alive():
+                run.process.kill()
+            with transaction.atomic():
+                if executions.end_running(
+                    run.execution,
+                    status=S.LOST,
+                    reason=REASON_SHUT_DOWN.format(node=self.node_id),
+                    now=self._now(),
+                ):
+                    count += 1
+            lock = self._take_lock(run)
+            if lock is not None:
+                self._release_lock(lock)
+        return count

@@ -1,0 +1,180 @@
+"""The facts admission decides on (``cluster.admission``), gathered for a batch of claimed runs:
+the job lock per forbid run, the blocking run per job and whether its node is alive, and whether
+an older fire of the job is still waiting. One query per kind for the whole batch."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from cluster.admission import Blocker, Facts, Lock
+from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
+from cluster.executor.runs import REASON_BLOCKER_GONE, Scheduled
+from cluster.membership import Liveness, node_liveness, renewed_at_ms
+from cluster.models import NodeStatus, SchedulerNode
+from jobs import executions
+from jobs.models import JobExecution, Trigger
+from jobs.schedules import spread_offset
+from jobs.states import ExecutionStatus
+
+logger = logging.getLogger(__name__)
+
+S = ExecutionStatus
+
+
+def due_instant(execution: JobExecution) -> datetime:
+    """When the fire was due: its slot plus the job's spread for a scheduled fire (``run_after`` may
+    since have moved, e.g. deferred while the lock service was down), else its ``run_after``."""
+    if execution.trigger == Trigger.SCHEDULE:
+        job = execution.job
+        offset = spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
+        return execution.scheduled_for + timedelta(seconds=offset)
+    return execution.run_after
+
+
+def facts(
+    execution: JobExecution, *, due: float, now: float, claiming: bool, **gathered: Any
+) -> Facts:
+    """The facts of one run; ``gathered`` adds what the batch's queries found."""
+    job = execution.job
+    return Facts(
+        policy=job.concurrency_policy,
+        scheduled=execution.trigger == Trigger.SCHEDULE,
+        now=now,
+        due=due,
+        due_instant=due_instant(execution).timestamp(),
+        runnable_since=max(execution.run_after, execution.created_at).timestamp(),
+        grace_s=job.misfire_grace_seconds,
+        claiming=claiming,
+        **gathered,
+    )
+
+
+def blockers(
+    items: list[Scheduled],
+    *,
+    backend: CoordinationBackend,
+    ttl_s: float,
+    heartbeat_s: float,
+    now: datetime,
+) -> dict[int, Blocker]:
+    """Per job of ``items``: the earliest other RUNNING run that may really be active.
+
+    A run whose node's presence has expired is not active: it is ended as ``lost`` on the spot
+    (retried per policy), so a dead node's leftovers never make a policy skip or wait. One query for
+    the batch, and one read of the live nodes when any run blocks.
+    """
+    if not items:
+        return {}
+    others = list(
+        JobExecution.objects.select_related("job")
+        .filter(job_id__in={i.execution.job_id for i in items}, status=S.RUNNING)
+        .exclude(pk__in=[i.execution.pk for i in items])
+        .order_by("started_at", "pk")
+    )
+    if not others:
+        return {}
+    try:
+        live = backend.live_nodes()
+    except CoordinationError:
+        live = None  # cannot tell: nothing is ended, nothing is certain
+    now_ms = int(now.timestamp() * 1000)
+    # As for the reaper, an expired presence alone is not death: a coordination store that lost
+    # its keys (a Redis restart) must not end live nodes' runs. The node's row must have gone as
+    # silent (or say it stopped or died).
+    silent_since = now - timedelta(seconds=ttl_s)
+    rows = {
+        node_id: (status in (NodeStatus.DEAD, NodeStatus.STOPPED) or beat < silent_since)
+        for node_id, status, beat in SchedulerNode.objects.filter(
+            node_id__in={o.node for o in others}
+        ).values_list("node_id", "status", "last_heartbeat")
+    }
+    found: dict[int, Blocker] = {}
+    gone: list[JobExecution] = []
+    for other in others:
+        state = (
+            Liveness.SUSPECT
+            if live is None
+            else node_liveness(
+                live, other.node, now_ms=now_ms, ttl_s=ttl_s, heartbeat_s=heartbeat_s
+            )
+        )
+        if state == Liveness.GONE and not rows.get(other.node, True):
+            state = Liveness.SUSPECT
+        if state == Liveness.GONE:
+            gone.append(other)
+        elif other.job_id not in found:
+            started = other.started_at.timestamp() if other.started_at else None
+            # Certain only if its node renewed since the run's start: a run marked running ahead
+            # of an instant its node did not live to see (SIGKILLed just before) has no body,
+            # though the presence has not expired yet.
+            renewed = None if live is None else renewed_at_ms(live, other.node, ttl_s=ttl_s)
+            found[other.job_id] = Blocker(
+                started_at=started,
+                certain=state == Liveness.ALIVE
+                and started is not None
+                and renewed is not None
+                and renewed >= started * 1000,
+            )
+    if gone:
+        with transaction.atomic():
+            for other in gone:
+                executions.end_running(
+                    other,
+                    status=S.LOST,
+                    reason=REASON_BLOCKER_GONE.format(node=other.node or "?"),
+                    now=now,
+                )
+    return found
+
+
+def older_waiting(items: list[Scheduled], *, now: datetime) -> dict[int, bool]:
+    """The runs of ``items`` behind an earlier fire of the same job that is due and not started:
+    that one goes first (catch-up runs keep their order). Maps each such run to whether one of
+    those earlier fires is held by no node. One query."""
+    if not items:
+        return {}
+    pending = list(
+        JobExecution.objects.filter(
+            job_id__in={i.execution.job_id for i in items},
+            status=S.PENDING,
+            run_after__lte=now,
+        ).values_list("pk", "job_id", "scheduled_for", "claim_token")
+    )
+    older: dict[int, bool] = {}
+    for item in items:
+        execution = item.execution
+        before = [
+            token
+            for pk, job_id, scheduled_for, token in pending
+            if job_id == execution.job_id
+            and scheduled_for < execution.scheduled_for
+            and pk != execution.pk
+        ]
+        if before:
+            older[execution.pk] = any(token is None for token in before)
+    return older
+
+
+def try_job_lock(
+    backend: CoordinationBackend, execution: JobExecution, ttl_ms: int, *, threaded: bool = True
+) -> tuple[Lock, LockWatchdog | None]:
+    """The job lock, kept alive by a watchdog while held (its own thread, or, not ``threaded``,
+    extended by whoever steps the executor)."""
+    try:
+        handle = backend.acquire_lock(f"job:{execution.job_id}", ttl_ms)
+    except CoordinationError as exc:
+        logger.warning(
+            "job lock for execution %s unavailable (%s)",
+            execution.pk,
+            exc,
+            extra={"execution": execution.pk},
+        )
+        return Lock.UNAVAILABLE, None
+    if handle is None:
+        return Lock.TAKEN, None
+    watchdog = LockWatchdog(backend, handle, ttl_ms)
+    return Lock.HELD, watchdog.start() if threaded else watchdog

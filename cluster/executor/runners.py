@@ -1,0 +1,213 @@
+"""Runners: how an admitted run's body is executed once its row is marked running.
+
+``ThreadRunner`` (the one nodes use) gives each run a thread of its own that waits for the due
+instant, passes the self-fence and runs the task: in that thread for ``thread`` isolation (fast; a
+task that overruns its timeout is abandoned, it cannot be killed), in a child process the supervisor
+kills on timeout or cancel for ``process`` isolation. A runner only talks to its host (the executor)
+through ``may_start`` (the self-fence, just before the body) and ``complete`` (queue the outcome).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+import traceback
+from typing import Protocol
+
+from django.db import connection
+
+from cluster.child import run_task
+from cluster.clock import Clock
+from cluster.executor.output import call_task, install_output_capture, task_context
+from cluster.executor.runs import ActiveRun, Outcome
+from jobs import registry
+from jobs.models import Isolation
+from jobs.states import ExecutionStatus
+
+S = ExecutionStatus
+# Event.wait may overshoot by a millisecond or so: sleep to this close to the instant, then spin.
+SPIN_S = 0.0015
+# A gated task also starts by itself this long after its instant if the gate never opens.
+GATE_SLACK_S = 0.05
+# How long a finished child process is waited for (seconds).
+CHILD_JOIN_S = 5.0
+
+
+class RunHost(Protocol):
+    """What a runner needs of the executor."""
+
+    clock: Clock
+
+    def may_start(self, run: ActiveRun) -> bool:
+        """The self-fence: True if the body may start now (else the run was given up)."""
+        ...
+
+    def complete(self, outcome: Outcome, *, body_ended: bool = False) -> bool:
+        """Queue the run's outcome (the first one wins)."""
+        ...
+
+
+class Runner(Protocol):
+    def launch(self, host: RunHost, runs: list[ActiveRun]) -> None:
+        """Start the bodies of ``runs`` (marked running) at their due instants."""
+        ...
+
+
+def wait_until(clock: Clock, instant: float) -> None:
+    """Return at the wall-clock ``instant`` (to well under a millisecond). A real clock only."""
+    remaining = instant - clock.now()
+    if remaining > SPIN_S:
+        time.sleep(remaining - SPIN_S)
+    while clock.now() < instant:
+        pass
+
+
+class ThreadRunner:
+    """A thread per run. One gate per due instant: a single thread waits for the instant and
+    opens it, and every task due then is released together (many threads spinning on the clock
+    would fight over the GIL and delay each other)."""
+
+    def launch(self, host: RunHost, runs: list[ActiveRun]) -> None:
+        gates: dict[float, threading.Event] = {}
+        for run in runs:
+            if run.due not in gates:
+                gate = gates[run.due] = threading.Event()
+                threading.Thread(
+                    target=_open_gate, args=(host.clock, run.due, gate), daemon=True
+                ).start()
+            run.gate = gates[run.due]
+        for run in runs:
+            body = (
+                body_in_process
+                if run.execution.job.isolation == Isolation.PROCESS
+                else body_in_thread
+            )
+            threading.Thread(
+                target=body, args=(host, run), name=f"task-{run.execution.pk}", daemon=True
+            ).start()
+
+
+def _open_gate(clock: Clock, instant: float, gate: threading.Event) -> None:
+    wait_until(clock, instant)
+    gate.set()
+
+
+def _wait_for_start(clock: Clock, run: ActiveRun) -> None:
+    if run.gate is not None:
+        run.gate.wait(max(0.0, run.due - clock.now()) + GATE_SLACK_S)
+    else:
+        wait_until(clock, run.due)
+
+
+def body_in_thread(host: RunHost, run: ActiveRun) -> None:
+    """Wait for the due instant, run the task in this thread, queue the outcome."""
+    job = run.execution.job
+    context = run.context = task_context(run.execution, run.cancel_event)
+    stdout = install_output_capture()
+    _wait_for_start(host.clock, run)
+    if not host.may_start(run):
+        connection.close()
+        return
+    if job.timeout_seconds:
+        run.deadline = host.clock.monotonic() + job.timeout_seconds
+    stdout.attach(context)
+    started = host.clock.now()
+    try:
+        try:
+            spec = registry.get_task(job.task)
+            value = call_task(spec, list(job.args), dict(job.kwargs), context)
+        finally:
+            stdout.detach()  # the last, unterminated line belongs to the outcome's output
+    except BaseException as exc:
+        outcome = Outcome(
+            run,
+            S.FAILED,
+            error=f"{type(exc).__name__}: {exc}",
+            tb=traceback.format_exc(),
+            output=context.output,
+            started=started,
+        )
+    else:
+        if run.cancel_event.is_set() and run.outcome_reason:
+            # Cancelled, with what the task wrote and returned while stopping.
+            outcome = Outcome(
+                run,
+                S.CANCELLED,
+                result=value,
+                output=context.output,
+                reason=run.outcome_reason,
+                started=started,
+            )
+        else:
+            outcome = Outcome(
+                run, S.SUCCEEDED, result=value, output=context.output, started=started
+            )
+    try:
+        host.complete(outcome, body_ended=True)
+    finally:
+        connection.close()
+
+
+def body_in_process(host: RunHost, run: ActiveRun) -> None:
+    """Run the task in a child process that the supervisor kills on timeout or cancel."""
+    execution, job = run.execution, run.execution.job
+    ctx = multiprocessing.get_context("spawn")
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    meta = {
+        "execution_id": execution.pk,
+        "job_name": job.name,
+        "attempt": execution.attempt,
+        "scheduled_for": execution.scheduled_for,
+    }
+    process = ctx.Process(
+        target=run_task,
+        args=(job.task, list(job.args), dict(job.kwargs), meta, child_conn),
+        daemon=True,
+    )
+    _wait_for_start(host.clock, run)
+    if not host.may_start(run):
+        connection.close()
+        return
+    started = host.clock.now()
+    if job.timeout_seconds:
+        run.deadline = host.clock.monotonic() + job.timeout_seconds
+    process.start()
+    child_conn.close()
+    run.process = process
+    try:
+        message = parent_conn.recv()
+    except (EOFError, OSError):
+        process.join(CHILD_JOIN_S)
+        outcome = Outcome(
+            run,
+            S.FAILED,
+            error=f"task process exited with status {process.exitcode}",
+            started=started,
+        )
+    else:
+        if message.get("ok"):
+            outcome = Outcome(
+                run,
+                S.SUCCEEDED,
+                result=message.get("result"),
+                output=message.get("output", ""),
+                started=started,
+            )
+        else:
+            outcome = Outcome(
+                run,
+                S.FAILED,
+                error=message.get("error", "task failed"),
+                tb=message.get("traceback", ""),
+                output=message.get("output", ""),
+                started=started,
+            )
+    try:
+        host.complete(outcome)
+    finally:
+        if process.is_alive():
+            process.kill()
+        process.join(CHILD_JOIN_S)
+        parent_conn.close()
+        connection.close()

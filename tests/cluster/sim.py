@@ -1,0 +1,331 @@
+"""A deterministic in-process cluster: several nodes on one memory coordination store, one settable
+clock, every loop stepped in the test's thread. No sleeps and no threads: time moves only when the
+test says so, and everything due at an instant happens, in a fixed order, before the test looks.
+
+    sim = make_sim(["n1", "n2", "n3"])   # the fixture: Django's now() follows the sim clock
+    job = sim.create_job(name="every-second", interval_seconds=1)
+    sim.advance(5)               # five seconds of cluster life, stepped every STEP_S
+    sim.kill("n1")               # SIGKILL: the node does nothing more, its bodies vanish
+    sim.freeze("n2"); sim.advance(6); sim.thaw("n2")   # SIGSTOP past the lease, SIGCONT
+
+``django.utils.timezone.now`` is patched to the simulated clock (the ``make_sim`` fixture), so rows'
+auto-set times (``created_at``) and every service agree with the nodes on what time it is.
+
+Each node is a real ``NodeRunner`` (elector, membership, leader work, reaper, executor with its
+admission, self-fence, supervisor and finisher) on the real database; only the task bodies are
+simulated: ``sim.work`` records its start in ``SimCluster.effects`` and lasts ``seconds`` (a job
+kwarg) of simulated time, so a forbid job can overrun its interval without anyone sleeping.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from cluster.clock import SettableClock
+from cluster.coordination.memory import MemoryBackend, MemoryStore
+from cluster.executor.core import SUPERVISE_INTERVAL_S
+from cluster.executor.output import call_task, task_context
+from cluster.executor.runners import RunHost
+from cluster.executor.runs import ActiveRun, Outcome
+from cluster.models import NodeStatus, SchedulerNode
+from cluster.node import NodeConfig, NodeRunner
+from jobs import registry
+from jobs.models import Job
+from jobs.registry import TaskContext, task
+from jobs.services import SYSTEM, job_create
+from jobs.states import ExecutionStatus
+
+S = ExecutionStatus
+# The clock moves in steps of this much; every loop due within a step runs at its end.
+STEP_S = 0.05
+# A loop that keeps saying "again at once" (a claim that filled up) runs at most this often per step.
+MAX_PASSES_PER_STEP = 5
+
+
+@dataclass
+class Effect:
+    """One body start of ``sim.work`` (the task's side effect)."""
+
+    execution_id: int
+    job: str
+    scheduled_for: datetime | None
+    attempt: int
+    node: str
+    at: float  # simulated wall-clock seconds
+
+
+EFFECTS: list[Effect] = []
+_CURRENT: dict[str, Any] = {}
+
+
+@task("sim.work", takes_context=True)
+def work(context: TaskContext, seconds: float = 0.0, fail: bool = False) -> str:
+    """A simulated body: records its start; lasts ``seconds`` of simulated time (the runner holds
+    its outcome until then); raises if ``fail``."""
+    EFFECTS.append(
+        Effect(
+            execution_id=context.execution_id,
+            job=context.job_name,
+            scheduled_for=context.scheduled_for,
+            attempt=context.attempt,
+            node=_CURRENT.get("node", ""),
+            at=_CURRENT["clock"].now(),
+        )
+    )
+    if fail:
+        raise RuntimeError("asked to fail")
+    return "done"
+
+
+@dataclass
+class _Body:
+    host: RunHost
+    run: ActiveRun
+    ends_at: float = 0.0
+    outcome: Outcome | None = None
+
+
+class SteppedRunner:
+    """Starts a body when the clock reaches its due instant (after the self-fence), calls the task
+    at once, and queues its outcome when its simulated duration is over."""
+
+    def __init__(self, node_id: str, clock: SettableClock) -> None:
+        self.node_id = node_id
+        self.clock = clock
+        self.waiting: list[_Body] = []
+        self.running: list[_Body] = []
+
+    def launch(self, host: RunHost, runs: list[ActiveRun]) -> None:
+        self.waiting.extend(_Body(host, run) for run in runs)
+
+    def step(self) -> None:
+        now = self.clock.now()
+        due, self.waiting = (
+            [b for b in self.waiting if b.run.due <= now],
+            [b for b in self.waiting if b.run.due > now],
+        )
+        for body in due:
+            if body.host.may_start(body.run):
+                self._start(body, now)
+        for body in [b for b in self.running if b.ends_at <= now]:
+            self.running.remove(body)
+            assert body.outcome is not None
+            body.host.complete(body.outcome, body_ended=True)
+
+    def _start(self, body: _Body, now: float) -> None:
+        run = body.run
+        job = run.execution.job
+        run.context = task_context(run.execution, run.cancel_event)
+        if job.timeout_seconds:
+            run.deadline = self.clock.monotonic() + job.timeout_seconds
+        _CURRENT.update(node=self.node_id, clock=self.clock)
+        try:
+            value = call_task(
+                registry.get_task(job.task), list(job.args), dict(job.kwargs), run.context
+            )
+            outcome = Outcome(run, S.SUCCEEDED, result=value, started=now)
+        except Exception as exc:
+            outcome = Outcome(
+                run,
+                S.FAILED,
+                error=f"{type(exc).__name__}: {exc}",
+                tb=traceback.format_exc(),
+                started=now,
+            )
+        body.outcome = outcome
+        body.ends_at = now + float(job.kwargs.get("seconds", 0.0))
+        self.running.append(body)
+
+
+@dataclass
+class _Loop:
+    name: str
+    body: Callable[[], float]
+    next_at: float = 0.0  # monotonic
+
+
+@dataclass
+class SimNode:
+    runner: NodeRunner
+    bodies: SteppedRunner
+    loops: list[_Loop] = field(default_factory=list)
+    alive: bool = True
+    frozen: bool = False
+
+    @property
+    def node_id(self) -> str:
+        return self.runner.config.node_id
+
+
+def _supervise(executor: Any) -> float:
+    executor.supervise_once()
+    return SUPERVISE_INTERVAL_S
+
+
+class SimCluster:
+    def __init__(
+        self,
+        node_ids: Iterable[str] = ("n1", "n2", "n3"),
+        *,
+        start: float | None = None,
+        **config: Any,
+    ) -> None:
+        # On a whole second, like the real clock's view of interval slots.
+        self.clock = SettableClock(start if start is not None else float(int(time.time()) + 1))
+        self.store = MemoryStore()
+        self.config = config
+        self.nodes: dict[str, SimNode] = {}
+        EFFECTS.clear()
+        self.effects = EFFECTS
+        for node_id in node_ids:
+            self.add(node_id)
+
+    # --- time ---------------------------------------------------------------------------------------
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now(), tz=UTC)
+
+    def advance(self, seconds: float, *, step: float = STEP_S) -> None:
+        """Move time on by ``seconds``, stepping every live node after each ``step``."""
+        end = self.clock.monotonic() + seconds
+        while self.clock.monotonic() < end - 1e-9:
+            self.clock.advance(min(step, end - self.clock.monotonic()))
+            self.step()
+
+    def advance_until(
+        self, predicate: Callable[[], Any], *, limit: float, step: float = STEP_S
+    ) -> float:
+        """Advance until ``predicate()`` is true; returns the simulated seconds it took. Fails the
+        test (AssertionError) if it is still false after ``limit`` seconds."""
+        began = self.clock.monotonic()
+        while not predicate():
+            if self.clock.monotonic() - began >= limit:
+                raise AssertionError(f"not true after {limit} simulated seconds")
+            self.clock.advance(step)
+            self.step()
+        return self.clock.monotonic() - began
+
+    def step(self) -> None:
+        """Everything due now, node by node, in a fixed order."""
+        for node in list(self.nodes.values()):
+            if node.alive and not node.frozen:
+                self._step_node(node)
+
+    def _step_node(self, node: SimNode) -> None:
+        runner, executor = node.runner, node.runner.executor
+        now = self.clock.monotonic()
+        for loop in node.loops:
+            wake = (loop.name == "claim" and runner._wake_claim.is_set()) or (
+                loop.name == "leader" and runner._wake_leader.is_set()
+            )
+            passes = 0
+            while (loop.next_at <= now or wake) and passes < MAX_PASSES_PER_STEP:
+                if loop.name == "claim":
+                    runner._wake_claim.clear()
+                elif loop.name == "leader":
+                    runner._wake_leader.clear()
+                wake = False
+                delay = loop.body()
+                loop.next_at = now + delay
+                passes += 1
+        executor.extend_locks()
+        node.bodies.step()
+        executor.finisher.flush()
+
+    # --- nodes --------------------------------------------------------------------------------------
+    def add(self, node_id: str, **config: Any) -> SimNode:
+        """Start a node (registered, its loops due at once); ``config`` overrides the cluster's
+        NodeConfig fields for this node (e.g. ``queues``)."""
+        backend = MemoryBackend(store=self.store, clock=self.clock)
+        bodies = SteppedRunner(node_id, self.clock)
+        runner = NodeRunner(
+            NodeConfig(node_id=node_id, **{**self.config, **config}),
+            backend,
+            clock=self.clock,
+            runner=bodies,
+            inline=True,
+        )
+        runner.register()
+        executor = runner.executor
+        node = SimNode(runner, bodies)
+        node.loops = [
+            _Loop("election", runner.elector.tick),
+            _Loop("presence", runner.presence_once),
+            _Loop("heartbeat", runner.heartbeat_once),
+            _Loop("leader", runner.leader_once),
+            _Loop("claim", runner.claim_once),
+            _Loop("starter", executor.starter_step),
+            _Loop("supervisor", lambda: _supervise(executor)),
+        ]
+        self.nodes[node_id] = node
+        return node
+
+    def kill(self, node_id: str) -> None:
+        """SIGKILL: the node does nothing more; bodies it was running vanish with it (their side
+        effects stay)."""
+        node = self.nodes[node_id]
+        node.alive = False
+        node.bodies.waiting.clear()
+        node.bodies.running.clear()
+
+    def freeze(self, node_id: str) -> None:
+        """SIGSTOP: the node's loops and bodies stand still until ``thaw``."""
+        self.nodes[node_id].frozen = True
+
+    def thaw(self, node_id: str) -> None:
+        """SIGCONT: every loop is overdue and runs at the next step, in its usual order."""
+        self.nodes[node_id].frozen = False
+
+    def drain(self, node_id: str, *, limit: float = 60.0) -> None:
+        """A graceful drain as ``NodeRunner.shutdown`` does it, with the waiting stepped: stop
+        claiming, hand leadership over, give unstarted work back, let running work finish."""
+        node = self.nodes[node_id]
+        runner = node.runner
+        runner.draining = True
+        runner.executor.claiming = False
+        runner._leading.clear()
+        runner.elector.release()
+        runner._apply_term_events()
+        runner.executor.release_unstarted()
+        node.loops = [loop for loop in node.loops if loop.name != "election"]
+        self.advance_until(runner.executor.idle, limit=limit)
+        SchedulerNode.objects.filter(node_id=node_id).update(
+            status=NodeStatus.STOPPED, running_count=0
+        )
+        node.alive = False
+
+    def leader(self) -> str | None:
+        """The node that leads (holds the lease and has recorded its term), if any."""
+        leaders = [n.node_id for n in self.nodes.values() if n.alive and n.runner.is_leader]
+        assert len(leaders) <= 1, f"two leaders at once: {leaders}"
+        return leaders[0] if leaders else None
+
+    # --- jobs ---------------------------------------------------------------------------------------
+    def patch_time(self, monkeypatch: Any) -> SimCluster:
+        """Make Django's ``timezone.now`` (services, rows' auto-set times) read the sim clock."""
+        monkeypatch.setattr(timezone, "now", self.now)
+        return self
+
+    def create_job(self, **fields: Any) -> Job:
+        """A ``sim.work`` job (fields as the API takes them), created at the simulated now."""
+        data: dict[str, Any] = {"task": "sim.work", "schedule_type": "interval"}
+        if fields.get("schedule_type", "interval") == "interval":
+            data["interval_seconds"] = 1
+        data.update(fields)
+        return job_create(data=data, by=SYSTEM, now=self.now())
+
+    def create_manual_job(self, **fields: Any) -> Job:
+        """A one-off job due in a day: it runs only when triggered (or retried) in the test."""
+        return self.create_job(
+            schedule_type="once", run_at=self.now() + timedelta(days=1), **fields
+        )
+
+    def starts(self, job: Job | str) -> list[Effect]:
+        name = job if isinstance(job, str) else job.name
+        return [effect for effect in self.effects if effect.job == name]

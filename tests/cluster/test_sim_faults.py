@@ -1,0 +1,368 @@
+"""Faults on the deterministic in-process cluster (``tests/cluster/sim.py``): real nodes (elector,
+membership, leader work, reaper, executor) on the real database, one settable clock, no sleeps. A
+fault lands at the exact instant chosen (a slot, 0.1 s before it, inside the prepare window), which
+real processes can only aim at. A few of these stay as real-process tests too (test_fault_windows,
+test_failover), for what needs real signals and sockets."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+
+import pytest
+
+from cluster.admission import REASON_FORBID, REASON_MISFIRE_STALE
+from cluster.executor import PREPARE_AHEAD_S
+from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from cluster.scheduler import (
+    REASON_MISFIRE_BEYOND_BOUND,
+    REASON_MISFIRE_COALESCED,
+    REASON_MISFIRE_SKIPPED,
+)
+from jobs import services
+from jobs.models import Job, JobExecution
+from jobs.states import TERMINAL_STATES, ExecutionStatus
+from tests.cluster.faults_helpers import dump, rows
+from tests.cluster.sim import SimCluster
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def make_sim(monkeypatch):
+    def make(node_ids=("n1", "n2", "n3"), **config):
+        return SimCluster(node_ids, **config).patch_time(monkeypatch)
+
+    return make
+
+
+S = ExecutionStatus
+# The product's defaults: a dead node is reaped 2 s after its last renewal, a leader replaced
+# within 3 s.
+DEAD_AFTER_S = 2.0
+
+
+def advance_to(sim: SimCluster, instant: float) -> None:
+    sim.advance(instant - sim.clock.now())
+
+
+def next_slot(sim: SimCluster, every: int = 1, *, after: float = 0.5) -> float:
+    """The first epoch-aligned slot at least ``after`` seconds ahead."""
+    now = sim.clock.now()
+    slot = (int(now) // every + 1) * every
+    while slot - now < after:
+        slot += every
+    return float(slot)
+
+
+def effects_by_slot(sim: SimCluster, job: Job) -> Counter:
+    return Counter(effect.scheduled_for for effect in sim.starts(job))
+
+
+def assert_every_slot_accounted(job: Job, first: float, last: float) -> None:
+    """Every slot in [first, last] has its row, and a row that did not succeed says why."""
+    by_slot = defaultdict(list)
+    for row in rows(job):
+        by_slot[row["scheduled_for"].timestamp()].append(row)
+    slot = first
+    while slot <= last:
+        found = by_slot.get(slot)
+        assert found, f"slot {slot} of {job.name} has no row: {dump(job)}"
+        for row in found:
+            if row["status"] != S.SUCCEEDED:
+                assert row["status"] in TERMINAL_STATES, f"{row} left {row['status']}"
+                assert row["reason"], f"{row} ended {row['status']} without a reason"
+        slot += 1
+
+
+# --- the leader SIGKILLed at the worst instants ---------------------------------------------------
+
+
+@pytest.mark.parametrize("before_slot", [0.0, 0.1, PREPARE_AHEAD_S / 2, 0.5])
+def test_sigkill_of_the_leader_near_a_slot_loses_only_its_runs_in_flight(make_sim, before_slot):
+    """Ten 1 s jobs with the defaults (forbid, run_once, no retries) on three nodes; the leader is
+    killed ``before_slot`` seconds before a whole second (0.1 s: its runs of that slot are marked
+    running, their bodies not started). The new leader takes over within 3 s, no slot runs twice,
+    and the fires lost are only those in flight, each ended with a reason."""
+    sim = make_sim()
+    jobs = [sim.create_job(name=f"tick-{k}") for k in range(10)]
+    sim.advance(3)
+    victim = sim.leader()
+    assert victim is not None
+    slot = next_slot(sim, after=1.0)
+    advance_to(sim, slot - before_slot)
+    in_flight = JobExecution.objects.filter(node=victim, status=S.RUNNING).count()
+    sim.kill(victim)
+    killed_at = sim.clock.now()
+    took = sim.advance_until(lambda: sim.leader() not in (None, victim), limit=10)
+    assert took <= 3.0, f"takeover took {took:.2f} s"
+    sim.advance(8)
+
+    end = sim.clock.now()
+    lost = JobExecution.objects.filter(status=S.LOST)
+    assert lost.count() <= in_flight + len(jobs)
+    assert all(victim in reason for reason in lost.values_list("reason", flat=True))
+    gaps = []
+    for job in jobs:
+        counts = effects_by_slot(sim, job)
+        assert max(counts.values()) == 1, f"a slot of {job.name} ran twice: {counts}"
+        starts = sorted(effect.at for effect in sim.starts(job))
+        gaps += [b - a for a, b in pairwise(starts)]
+        first = min(row["scheduled_for"] for row in rows(job)).timestamp()
+        assert_every_slot_accounted(job, first, end - 2)
+        # Nothing started by the dead node after it died.
+        assert not [e for e in sim.starts(job) if e.node == victim and e.at > killed_at]
+    assert max(gaps) <= 3.0, f"a job went {max(gaps):.2f} s without a run"
+    # The bodies take no time: no run was ever active at another's due instant, so a forbid skip
+    # could only come from believing a dead node's row (or its expiring lock).
+    skips = JobExecution.objects.filter(status=S.SKIPPED, reason=REASON_FORBID)
+    assert not skips.exists(), list(skips.values_list("job__name", "scheduled_for"))
+
+
+def test_a_leader_frozen_past_its_lease_is_fenced_and_starts_nothing_taken_from_it(make_sim):
+    """SIGSTOP of the leader for 6 s (three leases), then SIGCONT, with retries on: its runs were
+    declared lost and retried elsewhere; on resume it starts none of them, writes nothing with its
+    old term, and the term moved on."""
+    sim = make_sim()
+    jobs = [
+        sim.create_job(name=f"retry-{k}", max_retries=1, retry_backoff_base=0) for k in range(6)
+    ]
+    sim.advance(3)
+    victim = sim.leader()
+    slot = next_slot(sim, after=1.0)
+    advance_to(sim, slot - 0.1)  # its runs of the slot are prepared, not started
+    sim.freeze(victim)
+    frozen_at = sim.clock.now()
+    sim.advance(6)
+    new_leader = sim.leader()
+    assert new_leader not in (None, victim)
+    sim.thaw(victim)
+    sim.advance(4)
+
+    lost = {
+        row.pk: row.finished_at.timestamp()
+        for row in JobExecution.objects.filter(node=victim, status=S.LOST)
+    }
+    for job in jobs:
+        for effect in sim.starts(job):
+            if effect.execution_id in lost:
+                assert effect.at < frozen_at, f"a body started after its run was lost: {effect}"
+        assert max(effects_by_slot(sim, job).values()) == 1
+    terms = list(LeadershipTerm.objects.order_by("term").values_list("term", "node_id"))
+    assert len({term for term, _ in terms}) == len(terms)
+    assert terms[-1][1] != victim or len(terms) >= 3
+    old_term = max(term for term, node in terms if node == victim and term < terms[-1][0])
+    # (A retry carries its fire's term; the leader's own writes are the scheduled fires.)
+    late = JobExecution.objects.filter(
+        term=old_term, trigger="schedule", created_at__gt=datetime.fromtimestamp(frozen_at, tz=UTC)
+    )
+    assert not late.exists(), "the frozen leader wrote with its old term after resuming"
+
+
+# --- a worker SIGKILLed mid-run -------------------------------------------------------------------
+
+
+def test_a_sigkilled_worker_run_is_lost_and_retried_on_another_worker(make_sim):
+    sim = make_sim(["lead"])
+    job = sim.create_manual_job(
+        name="slow-once",
+        queue="slow",
+        kwargs={"seconds": 30},
+        max_retries=1,
+        retry_backoff_base=0,
+        retry_jitter=False,
+    )
+    sim.add("w1", queues=["slow"])
+    sim.advance(1)
+    first = services.job_trigger(job_id=job.pk, by=services.SYSTEM, now=sim.now())
+    sim.advance_until(lambda: len(sim.starts(job)) == 1, limit=5)
+    assert JobExecution.objects.get(pk=first.pk).node == "w1"
+    sim.kill("w1")
+    sim.add("w2", queues=["slow"])
+    took = sim.advance_until(
+        lambda: JobExecution.objects.filter(job=job, attempt=2, status=S.RUNNING).exists(),
+        limit=10,
+    )
+    assert took <= DEAD_AFTER_S + 1.5, f"the retry started {took:.2f} s after the kill"
+    lost = JobExecution.objects.get(pk=first.pk)
+    assert lost.status == S.LOST and "w1" in lost.reason
+    retry = JobExecution.objects.get(job=job, attempt=2)
+    assert (retry.node, retry.trigger, retry.scheduled_for) == ("w2", "retry", first.scheduled_for)
+    assert [(e.execution_id, e.node) for e in sim.starts(job)] == [
+        (first.pk, "w1"),
+        (retry.pk, "w2"),
+    ]
+    assert SchedulerNode.objects.get(node_id="w1").status == NodeStatus.DEAD
+
+
+# --- forbid ---------------------------------------------------------------------------------------
+
+
+def test_a_forbid_job_longer_than_its_interval_never_overlaps(make_sim):
+    sim = make_sim()
+    job = sim.create_job(name="long-forbid", kwargs={"seconds": 2.5}, concurrency_policy="forbid")
+    sim.advance(12)
+    starts = sorted(sim.starts(job), key=lambda e: e.at)
+    assert len(starts) >= 3
+    for earlier, later in pairwise(starts):
+        assert later.at - earlier.at >= 2.5, f"bodies overlapped: {earlier} / {later}"
+    assert max(effects_by_slot(sim, job).values()) == 1
+    skipped = JobExecution.objects.filter(job=job, status=S.SKIPPED)
+    assert skipped.filter(reason=REASON_FORBID).count() >= 4
+    assert not skipped.exclude(reason=REASON_FORBID).exists(), dump(job)
+    # A skip is justified: a body was running at the skipped fire's due instant.
+    for row in skipped:
+        due = row.scheduled_for.timestamp()
+        assert [e for e in starts if e.at <= due < e.at + 2.5], f"unjustified skip: {row}"
+
+
+def test_run_all_catch_up_runs_of_a_forbid_job_run_one_after_the_other(make_sim):
+    """A leader outage left next_fire_at in the past: run_all creates two catch-up runs of a forbid
+    job whose bodies last 0.2 s; the second starts after the first ended, within the grace."""
+    sim = make_sim(["a0"])
+    job = sim.create_job(
+        name="run-all-forbid",
+        interval_seconds=2,
+        kwargs={"seconds": 0.2},
+        misfire_policy="run_all",
+        run_all_max=2,
+        misfire_grace_seconds=1,
+        concurrency_policy="forbid",
+        enabled=False,
+    )
+    sim.advance(2)
+    odd = next_slot(sim, 2, after=1.0) + 1
+    advance_to(sim, odd + 0.15)
+    Job.objects.filter(pk=job.pk).update(
+        enabled=True, next_fire_at=datetime.fromtimestamp(odd - 9, tz=UTC)
+    )
+    sim.advance(4)
+    dump(job)
+    catch_up = [r for r in rows(job) if r["scheduled_for"].timestamp() <= odd + 0.15]
+    ran = [r for r in catch_up if r["reason"] != REASON_MISFIRE_BEYOND_BOUND]
+    assert [r["scheduled_for"].timestamp() for r in ran] == [odd - 3, odd - 1]
+    assert {r["status"] for r in ran} == {S.SUCCEEDED}
+    assert len(catch_up) - len(ran) >= 2
+    first, second = sorted(sim.starts(job), key=lambda e: e.at)[:2]
+    assert second.at >= first.at + 0.2
+
+
+# --- misfires after the whole cluster was down ----------------------------------------------------
+
+MISFIRE_POLICIES = {
+    "run_once": REASON_MISFIRE_COALESCED,
+    "skip": REASON_MISFIRE_SKIPPED,
+    "run_all": REASON_MISFIRE_BEYOND_BOUND,
+}
+RUN_ALL_MAX = 2
+OUTAGE_S = 5.0
+
+
+def test_misfire_policies_after_the_whole_cluster_was_down(make_sim):
+    """One node runs three 1 s jobs (a misfire policy each, grace 1 s) and is drained right after
+    the leader created their next fires ahead; the cluster stays down OUTAGE_S; a new node leads.
+    Each policy runs what it says for the missed slots, the fires created ahead are skipped as
+    stale, and the schedule goes on on time; no slot runs twice."""
+    sim = make_sim(["m1"])
+    jobs = {
+        policy: sim.create_job(
+            name=f"misfire-{policy}",
+            misfire_policy=policy,
+            misfire_grace_seconds=1,
+            run_all_max=RUN_ALL_MAX,
+            concurrency_policy="allow",
+        )
+        for policy in MISFIRE_POLICIES
+    }
+    sim.advance(3.5)  # the fires of the next whole second are created ahead (look-ahead 1 s)
+    first_term = LeadershipTerm.objects.get().term
+    stopped_at = sim.clock.now()
+    ahead = JobExecution.objects.filter(
+        status=S.PENDING, scheduled_for__gt=datetime.fromtimestamp(stopped_at, tz=UTC)
+    )
+    assert ahead.count() >= 3
+    sim.drain("m1")
+    sim.advance(OUTAGE_S)
+    sim.add("m2")
+    sim.advance(4)
+    second_term = LeadershipTerm.objects.order_by("-term").first().term
+    assert second_term > first_term
+    end = sim.clock.now()
+    for policy, reason in MISFIRE_POLICIES.items():
+        job = jobs[policy]
+        dump(job)
+        counts = effects_by_slot(sim, job)
+        assert max(counts.values()) == 1
+        planned = [r for r in rows(job) if r["term"] == second_term and r["reason"] in (reason, "")]
+        missed = [
+            r for r in planned if r["reason"] == reason or r["scheduled_for"].timestamp() < end - 4
+        ]
+        tick_now = (
+            min(
+                r["finished_at"]
+                for r in rows(job)
+                if r["term"] == second_term and r["reason"] == reason
+            )
+            if policy != "run_once" or any(r["reason"] == reason for r in rows(job))
+            else None
+        )
+        assert tick_now is not None, f"{policy}: no misfire recorded"
+        missed = [
+            r for r in rows(job) if r["term"] == second_term and r["scheduled_for"] <= tick_now
+        ]
+        assert len(missed) >= 3, missed
+        expected = {"run_once": 1, "skip": 0, "run_all": min(RUN_ALL_MAX, len(missed))}[policy]
+        ran = [r for r in missed if r["status"] != S.SKIPPED]
+        assert ran == missed[len(missed) - expected :], f"{policy}: ran {ran}"
+        assert all(r["status"] == S.SUCCEEDED for r in ran)
+        assert all(r["reason"] == reason for r in missed if r not in ran)
+        for r in missed:
+            assert counts[r["scheduled_for"]] == (1 if r in ran else 0)
+        # The fires created ahead by the first term were missed too: skipped as stale, never run.
+        stale = [
+            r
+            for r in rows(job)
+            if r["term"] == first_term and r["scheduled_for"].timestamp() > stopped_at
+        ]
+        assert stale
+        for r in stale:
+            assert r["status"] == S.SKIPPED and r["reason"] == REASON_MISFIRE_STALE.format(grace=1)
+            assert counts[r["scheduled_for"]] == 0
+        on_time = [
+            r
+            for r in rows(job)
+            if tick_now < r["scheduled_for"] <= sim.now() - timedelta(seconds=1)
+        ]
+        assert on_time and all(r["status"] == S.SUCCEEDED and not r["reason"] for r in on_time)
+
+
+# --- drain ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("before_slot", [PREPARE_AHEAD_S / 2, 0.01, PREPARE_AHEAD_S + 0.05])
+def test_a_drain_inside_the_prepare_window_orphans_nothing(make_sim, before_slot):
+    """buffer_one, 0.5 s bodies: the leader is drained ``before_slot`` seconds before a slot it
+    has claimed. Nothing of the job is left pending or running on the drained node, and the slot
+    runs once (there, or on another node after the hand-back)."""
+    sim = make_sim(["b0", "b1"])
+    job = sim.create_job(
+        name="buffer-drain",
+        interval_seconds=2,
+        kwargs={"seconds": 0.5},
+        concurrency_policy="buffer_one",
+    )
+    sim.advance(3)
+    leader = sim.leader()
+    slot = next_slot(sim, 2, after=1.0)
+    advance_to(sim, slot - before_slot)
+    sim.drain(leader)
+    assert SchedulerNode.objects.get(node_id=leader).status == NodeStatus.STOPPED
+    assert not JobExecution.objects.filter(
+        job=job, node=leader, status__in=[S.PENDING, S.RUNNING]
+    ).exists(), dump(job)
+    sim.advance(5)
+    counts = effects_by_slot(sim, job)
+    assert max(counts.values()) == 1
+    assert counts[datetime.fromtimestamp(slot, tz=UTC)] == 1, dump(job)
+    assert sim.leader() != leader
