@@ -545,11 +545,13 @@ class NodeRunner:
                 connection.close()
                 time.sleep(0.5)
         self.stop_event.set()
+        self.executor.wake_starter()
 
     def kill_switch(self) -> None:
         """Stop every loop without draining (tests simulating a crash use real SIGKILL instead)."""
         self._election_stop.set()
         self.stop_event.set()
+        self.executor.wake_starter()
 
     def join(self, timeout: float = 5.0) -> None:
         for thread in self._threads:

@@ -275,6 +275,10 @@ class Executor:
                 self._wake_starter.wait(delay)
                 self._wake_starter.clear()
 
+    def wake_starter(self) -> None:
+        """Make the starter look now (new work; or its stop event was set and it should end)."""
+        self._wake_starter.set()
+
     def starter_step(self) -> float:
         """Take the claimed runs due within PREPARE_AHEAD_S, and the waiting runs due for another
         look, as one batch and admit it (in a thread of its own, or here if ``inline``). Returns

@@ -110,6 +110,7 @@ def executor() -> Iterator[Executor]:
     runner.hand_back_running()
     runner.wait_idle(TEARDOWN_TIMEOUT_S)
     stop.set()
+    runner.wake_starter()
     starter.join(TEARDOWN_TIMEOUT_S)
 
 
