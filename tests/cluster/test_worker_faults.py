@@ -203,6 +203,8 @@ def test_job_lock_needs_a_redlock_quorum_of_real_masters(redis_factory, tmp_path
 # --- drain requested by an operator ------------------------------------------------------------
 
 
+# The drain is seen by the node's heartbeat, whatever the coordination backend: one is enough.
+@pytest.mark.parametrize("cluster", ["database"], indirect=True)
 def test_drain_requested_through_the_service_stops_a_follower_cleanly(cluster, tmp_path):
     records = tmp_path / "records.txt"
     job = make_interval_job("drain-tick", "test.record", {"path": str(records)})
