@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from jobs import events, executions, schedules
@@ -94,7 +95,29 @@ def audit_record(
     object_repr: str = "",
     changes: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    return AuditEvent.objects.create(
+    event = audit_event(
+        by=by,
+        action=action,
+        object_type=object_type,
+        object_id=object_id,
+        object_repr=object_repr,
+        changes=changes,
+    )
+    event.save()
+    return event
+
+
+def audit_event(
+    *,
+    by: Actor,
+    action: str,
+    object_type: str,
+    object_id: Any,
+    object_repr: str = "",
+    changes: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """An audit row, not saved yet (batch writes insert many at once)."""
+    return AuditEvent(
         actor=by.user_or_none,
         actor_name=by.name,
         action=action,
@@ -166,6 +189,92 @@ def job_create(*, data: dict[str, Any], by: Actor, now: datetime | None = None) 
             raise JobValidationError({"name": [ERR_NAME_TAKEN]}) from exc
         raise
     return job
+
+
+# A batch is one transaction: bounded so that one request cannot hold the database for long.
+MAX_BATCH_JOBS = 1000
+ERR_BATCH_EMPTY = "Send at least one job."
+ERR_BATCH_TOO_LARGE = "At most {limit} jobs per batch; this one has {count}."
+ERR_BATCH_ITEM_NOT_OBJECT = "Each job must be an object."
+ERR_BATCH_DUPLICATE_NAME = "The name appears more than once in the batch (ignoring case)."
+
+
+def jobs_create_batch(*, items: list[Any], by: Actor, now: datetime | None = None) -> list[Job]:
+    """Create many jobs at once, all or none: every item is validated first (errors keyed
+    ``"<index>.<field>"``), names are checked in one query, then the jobs and their audit rows are
+    inserted in bulk in one transaction, and the scheduler is woken once. Raises
+    JobValidationError (nothing written) if any item is bad."""
+    now = now or timezone.now()
+    if not items:
+        raise JobValidationError({"jobs": [ERR_BATCH_EMPTY]})
+    if len(items) > MAX_BATCH_JOBS:
+        raise JobValidationError(
+            {"jobs": [ERR_BATCH_TOO_LARGE.format(limit=MAX_BATCH_JOBS, count=len(items))]}
+        )
+    errors: dict[str, list[str]] = {}
+    cleaned: list[tuple[int, dict[str, Any]]] = []
+    first_index: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            errors[f"{index}"] = [ERR_BATCH_ITEM_NOT_OBJECT]
+            continue
+        try:
+            values = clean_job(item, now=now)
+        except JobValidationError as exc:
+            errors.update((f"{index}.{field}", reasons) for field, reasons in exc.errors.items())
+            continue
+        key = values["name"].lower()
+        if key in first_index:
+            errors[f"{index}.name"] = [ERR_BATCH_DUPLICATE_NAME]
+            continue
+        first_index[key] = index
+        cleaned.append((index, values))
+    if first_index:
+        taken = Job.objects.annotate(lowered=Lower("name")).filter(lowered__in=list(first_index))
+        for name in taken.values_list("name", flat=True):
+            errors[f"{first_index[name.lower()]}.name"] = [ERR_NAME_TAKEN]
+    if errors:
+        raise JobValidationError(dict(sorted(errors.items(), key=lambda e: _index_key(e[0]))))
+    jobs = [
+        Job(
+            **values,
+            next_fire_at=job_first_fire(values, now=now),
+            created_by=by.user_or_none,
+            updated_by=by.user_or_none,
+        )
+        for _, values in cleaned
+    ]
+    try:
+        with transaction.atomic():
+            Job.objects.bulk_create(jobs)
+            if any(job.pk is None for job in jobs):
+                # A backend that cannot return the new keys from a bulk insert: read them back.
+                ids = dict(
+                    Job.objects.filter(name__in=[j.name for j in jobs]).values_list("name", "pk")
+                )
+                for job in jobs:
+                    job.pk = ids[job.name]
+            AuditEvent.objects.bulk_create(
+                audit_event(
+                    by=by,
+                    action="job.create",
+                    object_type="job",
+                    object_id=job.pk,
+                    object_repr=job.name,
+                    changes={field: [None, value] for field, value in values.items()},
+                )
+                for job, (_, values) in zip(jobs, cleaned, strict=True)
+            )
+            events.send_after_commit(events.job_changed, job_id=jobs[0].pk, change="created")
+    except IntegrityError as exc:
+        # A name taken between the check and the insert (a concurrent create).
+        raise JobValidationError({"jobs": [ERR_NAME_TAKEN]}) from exc
+    return jobs
+
+
+def _index_key(key: str) -> tuple[int, str]:
+    head, _, rest = key.partition(".")
+    return (int(head), rest) if head.isdigit() else (-1, key)
 
 
 def job_update(
@@ -435,12 +544,12 @@ def job_apply_definitions(
         raise JobValidationError(errors)
 
     results: list[ApplyResult] = []
+    creates: list[dict[str, Any]] = []
     with transaction.atomic():
         for name, definition, current_job, diff in plan:
             if current_job is None:
                 action = "created"
-                if not dry_run:
-                    job_create(data=definition, by=by, now=now)
+                creates.append(definition)
             elif diff:
                 action = "updated"
                 if not dry_run:
@@ -458,6 +567,10 @@ def job_apply_definitions(
                     name, action, {k: [_jsonable(a), _jsonable(b)] for k, (a, b) in diff.items()}
                 )
             )
+        if creates and not dry_run:
+            # New jobs go in bulk (a few statements per thousand jobs, not a few per job).
+            for start in range(0, len(creates), MAX_BATCH_JOBS):
+                jobs_create_batch(items=creates[start : start + MAX_BATCH_JOBS], by=by, now=now)
         if prune:
             for name, job in existing.items():
                 if name not in seen:

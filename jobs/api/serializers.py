@@ -93,6 +93,17 @@ class JobWriteSerializer(serializers.Serializer):
     version = serializers.IntegerField(required=False, help_text="Required on PUT/PATCH.")
 
 
+class JobBatchSerializer(serializers.Serializer):
+    """The body of a batch create (schema only: the service validates every item)."""
+
+    jobs = JobWriteSerializer(many=True, help_text="Up to 1,000 job definitions.")
+
+
+class JobBatchResultSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    jobs = JobSerializer(many=True)
+
+
 class ExecutionSerializer(serializers.ModelSerializer):
     job_name = serializers.CharField(source="job.name", read_only=True)
     triggered_by = serializers.SlugRelatedField(slug_field="username", read_only=True)

@@ -21,6 +21,8 @@ from jobs import schedules, services
 from jobs.api.serializers import (
     AuditEventSerializer,
     ExecutionSerializer,
+    JobBatchResultSerializer,
+    JobBatchSerializer,
     JobSerializer,
     JobWriteSerializer,
     SchedulePreviewSerializer,
@@ -85,6 +87,9 @@ class JobFilter(django_filters.FilterSet):
         fields = ["enabled", "task", "schedule_type", "queue", "concurrency_policy"]
 
 
+ERR_BATCH_NOT_LIST = "Expected a list of job objects."
+
+
 class JobViewSet(viewsets.ModelViewSet):
     """Jobs: CRUD (admin) plus trigger / pause / resume (operator)."""
 
@@ -101,6 +106,26 @@ class JobViewSet(viewsets.ModelViewSet):
         body.pop("version", None)
         job = services.job_create(data=body, by=actor_from(request))
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=JobBatchSerializer,
+        responses={201: JobBatchResultSerializer},
+        description=(
+            "Create up to 1,000 jobs in one request, all or none: a bad item refuses the whole "
+            "batch (400, errors keyed `<index>.<field>`) and nothing is written."
+        ),
+    )
+    @action(detail=False, methods=["post"], url_path="batch")
+    def batch(self, request: Request) -> Response:
+        body = _body(request)
+        items = body.get("jobs")
+        if not isinstance(items, list):
+            raise ValidationError({"jobs": [ERR_BATCH_NOT_LIST]})
+        jobs = services.jobs_create_batch(items=items, by=actor_from(request))
+        return Response(
+            {"count": len(jobs), "jobs": JobSerializer(jobs, many=True).data},
+            status=status.HTTP_201_CREATED,
+        )
 
     @extend_schema(request=JobWriteSerializer, responses={200: JobSerializer})
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -352,21 +352,20 @@ def test_apply_with_one_invalid_definition_writes_nothing(bad, key):
 
 @pytest.mark.django_db
 def test_apply_is_atomic_when_a_write_fails_midway(monkeypatch):
-    """Validation passed, then the second write fails: the first write is rolled back too."""
-    real_create = services.job_create
+    """Validation passed, an update was written, then the bulk create fails: the update is rolled
+    back too."""
+    job_create(data=dict(CRON), by=ALICE)
     calls = []
 
-    def failing_create(**kwargs):
-        calls.append(kwargs["data"]["name"])
-        if len(calls) == 2:
-            raise RuntimeError("database went away")
-        return real_create(**kwargs)
+    def failing_batch(**kwargs):
+        calls.append([item["name"] for item in kwargs["items"]])
+        raise RuntimeError("database went away")
 
-    monkeypatch.setattr(services, "job_create", failing_create)
+    monkeypatch.setattr(services, "jobs_create_batch", failing_batch)
     before = state()
     with pytest.raises(RuntimeError):
-        job_apply_definitions(definitions=[dict(CRON), dict(INTERVAL)], by=ALICE)
-    assert calls == ["nightly", "poll"]
+        job_apply_definitions(definitions=[{**CRON, "priority": 5}, dict(INTERVAL)], by=ALICE)
+    assert calls == [["poll"]]
     assert state() == before
 
 
