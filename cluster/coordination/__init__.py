@@ -23,7 +23,7 @@ from .base import (
     LockNotOwned,
     QuorumLost,
 )
-from .watchdog import LockWatchdog
+from .watchdog import LockKeeper, LockWatchdog
 
 __all__ = [
     "BACKEND_KINDS",
@@ -31,6 +31,7 @@ __all__ = [
     "CoordinationError",
     "Lease",
     "LockHandle",
+    "LockKeeper",
     "LockNotAcquired",
     "LockNotOwned",
     "LockWatchdog",

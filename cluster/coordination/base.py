@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,32 @@ class CoordinationBackend(abc.ABC):
     @abc.abstractmethod
     def release_lock(self, handle: LockHandle) -> bool:
         """Delete the lock if it is still ours. True if it was."""
+
+    def acquire_locks(
+        self, names: Sequence[str], ttl_ms: int
+    ) -> list[LockHandle | CoordinationError | None]:
+        """``acquire_lock`` for each name, in order: the handle, ``None`` (held elsewhere; also
+        a name given twice, after its first), or the CoordinationError that kept the backend from
+        answering for it. A backend may do it in fewer round trips (Redlock: one per master)."""
+        results: list[LockHandle | CoordinationError | None] = []
+        for name in names:
+            try:
+                results.append(self.acquire_lock(name, ttl_ms))
+            except CoordinationError as exc:
+                results.append(exc)
+        return results
+
+    def extend_locks(
+        self, handles: Sequence[LockHandle], ttl_ms: int
+    ) -> list[LockHandle | CoordinationError | None]:
+        """``extend_lock`` for each handle, in order; results as for ``acquire_locks``."""
+        results: list[LockHandle | CoordinationError | None] = []
+        for handle in handles:
+            try:
+                results.append(self.extend_lock(handle, ttl_ms))
+            except CoordinationError as exc:
+                results.append(exc)
+        return results
 
     # --- presence ---------------------------------------------------------------------------------
     @abc.abstractmethod

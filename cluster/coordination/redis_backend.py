@@ -267,6 +267,16 @@ class RedisBackend(CoordinationBackend):
     def release_lock(self, handle: LockHandle) -> bool:
         return self.redlock.release(handle)
 
+    def acquire_locks(
+        self, names: Sequence[str], ttl_ms: int
+    ) -> list[LockHandle | CoordinationError | None]:
+        return self.redlock.acquire_many(names, ttl_ms)
+
+    def extend_locks(
+        self, handles: Sequence[LockHandle], ttl_ms: int
+    ) -> list[LockHandle | CoordinationError | None]:
+        return self.redlock.extend_many(handles, ttl_ms)
+
     # --- presence ---------------------------------------------------------------------------------
     def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> bool:
         validate_ttl(ttl_ms)
@@ -321,5 +331,6 @@ class RedisBackend(CoordinationBackend):
                 pubsub.close()
 
     def close(self) -> None:
+        self.redlock.close()
         for client in {id(c): c for c in [self.client, *self._redlock_clients]}.values():
             client.close()

@@ -16,15 +16,22 @@ The algorithm (https://redis.io/docs/latest/develop/use/patterns/distributed-loc
 Extending resets the TTL on every master that still holds our token and needs a quorum again; it is
 capped at ``max_extensions`` so a stuck holder cannot keep a lock forever. Every mutating script
 checks the owner token first.
+
+Many locks at once (``acquire_many``, ``extend_many``: a node admitting a batch of runs, a node's
+lock keeper extending everything it holds) cost one pipelined round trip per master, the masters
+asked in parallel, so a slow or unreachable master delays the batch by one timeout, not one per lock.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from redis.exceptions import RedisError
@@ -33,6 +40,7 @@ from cluster.clock import Clock, SystemClock
 
 from .base import (
     DEFAULT_MAX_EXTENSIONS,
+    CoordinationError,
     LockHandle,
     LockNotAcquired,
     LockNotOwned,
@@ -114,6 +122,8 @@ class Redlock:
         self.clock = clock or SystemClock()
         self._extend_scripts = [c.register_script(EXTEND_LOCK_SCRIPT) for c in self.clients]
         self._release_scripts = [c.register_script(RELEASE_LOCK_SCRIPT) for c in self.clients]
+        self._pool_lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
 
     def key(self, name: str) -> str:
         return f"{self.key_prefix}{name}"
@@ -170,6 +180,129 @@ class Redlock:
         key = self.key(handle.name)
         return self._release_everywhere(key, handle.token).granted >= self.quorum
 
+    # --- many locks at once: one pipelined round trip per master, masters in parallel ------------
+    def acquire_many(
+        self, names: Sequence[str], ttl_ms: int
+    ) -> list[LockHandle | CoordinationError | None]:
+        """Take each lock on a quorum of masters, all in one round trip per master (the masters
+        asked in parallel). Per name: the handle, None (held elsewhere, or already taken earlier
+        in this call), or QuorumLost. Names not acquired are undone everywhere at once."""
+        validate_ttl(ttl_ms)
+        if not names:
+            return []
+        keys = [self.key(name) for name in names]
+        tokens = [new_token() for _ in names]
+        started = self.clock.monotonic()
+        answers = self._pipeline_everywhere(
+            keys,
+            lambda index, pipe: [
+                pipe.set(key, token, nx=True, px=ttl_ms)
+                for key, token in zip(keys, tokens, strict=True)
+            ],
+        )
+        validity_ms = self._validity_ms(ttl_ms, started)
+        results: list[LockHandle | CoordinationError | None] = []
+        undo: list[int] = []
+        for j, name in enumerate(names):
+            votes = _count(answers, j)
+            if votes.granted >= self.quorum and validity_ms > 0:
+                results.append(LockHandle(name, tokens[j], validity_ms, started))
+                continue
+            undo.append(j)
+            results.append(self._quorum_error(keys[j], votes))
+        if undo:
+            self._pipeline_everywhere(
+                [keys[j] for j in undo],
+                lambda index, pipe: [
+                    self._release_scripts[index](keys=[keys[j]], args=[tokens[j]], client=pipe)
+                    for j in undo
+                ],
+            )
+        return results
+
+    def extend_many(
+        self, handles: Sequence[LockHandle], ttl_ms: int
+    ) -> list[LockHandle | CoordinationError | None]:
+        """Extend each lock on a quorum, in one round trip per master (in parallel). Per handle:
+        the new handle, None (no longer ours, or at its extension cap), or QuorumLost."""
+        validate_ttl(ttl_ms)
+        results: list[LockHandle | CoordinationError | None] = [None] * len(handles)
+        live = [j for j, h in enumerate(handles) if h.extensions < self.max_extensions]
+        if not live:
+            return results
+        keys = [self.key(handles[j].name) for j in live]
+        started = self.clock.monotonic()
+        answers = self._pipeline_everywhere(
+            keys,
+            lambda index, pipe: [
+                self._extend_scripts[index](
+                    keys=[key], args=[handles[j].token, ttl_ms], client=pipe
+                )
+                for key, j in zip(keys, live, strict=True)
+            ],
+        )
+        validity_ms = self._validity_ms(ttl_ms, started)
+        for position, j in enumerate(live):
+            votes = _count(answers, position)
+            handle = handles[j]
+            if votes.granted >= self.quorum and validity_ms > 0:
+                results[j] = LockHandle(
+                    handle.name, handle.token, validity_ms, started, handle.extensions + 1
+                )
+            else:
+                results[j] = self._quorum_error(keys[position], votes)
+        return results
+
+    def _quorum_error(self, key: str, votes: _Votes) -> QuorumLost | None:
+        if len(self.clients) - votes.unreachable < self.quorum:
+            return QuorumLost(
+                f"only {len(self.clients) - votes.unreachable} of {len(self.clients)} Redlock "
+                f"masters answered for {key}; a quorum needs {self.quorum}",
+                key=key,
+            )
+        return None
+
+    def _pipeline_everywhere(
+        self, keys: Sequence[str], queue: Callable[[int, Any], object]
+    ) -> list[list[object] | None]:
+        """Per master: the answers of one pipeline of commands (``queue`` adds them), or None if
+        the master could not be reached. Masters are asked in parallel."""
+
+        def ask(index: int) -> list[object] | None:
+            client = self.clients[index]
+            try:
+                pipe = client.pipeline(transaction=False)
+                queue(index, pipe)
+                return pipe.execute(raise_on_error=False)
+            except RedisError as exc:
+                logger.warning(
+                    "redlock master %s failed on %d keys (%s...): %s",
+                    _describe(client),
+                    len(keys),
+                    keys[0] if keys else "",
+                    exc,
+                )
+                return None
+
+        if len(self.clients) == 1:
+            return [ask(0)]
+        return list(self._pool().map(ask, range(len(self.clients))))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=len(self.clients), thread_name_prefix="redlock"
+                )
+            return self._executor
+
+    def close(self) -> None:
+        """Stop the threads that ask the masters in parallel."""
+        with self._pool_lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+
     # --- the pieces -------------------------------------------------------------------------------
     def _vote(self, key: str, operation: Callable[[int, redis.Redis], object]) -> _Votes:
         """Run one tiny operation on every master and only count the answers."""
@@ -203,6 +336,17 @@ class Redlock:
                 f"masters answered for {key}; a quorum needs {self.quorum}",
                 key=key,
             )
+
+
+def _count(answers: list[list[object] | None], position: int) -> _Votes:
+    """The votes for the command at ``position`` of every master's pipeline."""
+    votes = _Votes()
+    for answer in answers:
+        if answer is None or isinstance(answer[position], Exception):
+            votes.unreachable += 1
+        elif answer[position]:
+            votes.granted += 1
+    return votes
 
 
 def _describe(client: redis.Redis) -> str:

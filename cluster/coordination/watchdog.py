@@ -46,6 +46,8 @@ class LockWatchdog:
         self._handle = handle
         self._last_extension = self.clock.monotonic()
         self._stop = threading.Event()
+        # Set when a node's LockKeeper extends this lock instead of a thread of its own.
+        self._keeper: LockKeeper | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"lock-watchdog:{handle.name}", daemon=True
         )
@@ -59,9 +61,17 @@ class LockWatchdog:
         self._thread.start()
         return self
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     def stop(self) -> LockHandle:
+        """Stop extending. Once this returns no extension of the lock is in flight, so the caller
+        may release it."""
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+        if self._keeper is not None:
+            self._keeper.forget(self)
+        elif self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
         return self._handle
 
@@ -76,34 +86,33 @@ class LockWatchdog:
             if not self.extend_once():
                 return
 
-    def extend_if_due(self) -> bool:
-        """For a watchdog driven by its owner instead of its thread (a stepped test cluster):
-        extend once if ``interval_s`` has passed on the clock since the last extension. False once
-        the lock is lost."""
-        if self.lost.is_set():
-            return False
-        if self.clock.monotonic() < self._last_extension + self.interval_s:
-            return True
-        return self.extend_once()
-
     def extend_once(self) -> bool:
         """One extension. False when the lock is lost (reported) and the watchdog must stop."""
         self._last_extension = self.clock.monotonic()
         try:
-            extended = self.backend.extend_lock(self._handle, self.ttl_ms)
+            result: LockHandle | Exception | None = self.backend.extend_lock(
+                self._handle, self.ttl_ms
+            )
         except Exception as exc:  # keep trying while the lock is certainly still ours
-            next_try = self.clock.monotonic() + self.interval_s
-            if next_try < self._handle.valid_until():
-                logger.warning("extending lock %s failed, will retry: %s", self._handle.name, exc)
-                return True
-            logger.warning("extending lock %s failed: %s", self._handle.name, exc)
-            self._report(LOST_UNREACHABLE)
-            return False
-        if extended is None:
+            result = exc
+        return self.apply_extension(result)
+
+    def apply_extension(self, result: LockHandle | Exception | None) -> bool:
+        """Take in the result of an extension (the new handle, None: not ours any more, or the
+        error that kept the backend from answering). False when the lock is lost (reported)."""
+        if isinstance(result, LockHandle):
+            self._handle = result
+            return True
+        if result is None:
             self._report(LOST_NOT_OWNED)
             return False
-        self._handle = extended
-        return True
+        next_try = self.clock.monotonic() + self.interval_s
+        if next_try < self._handle.valid_until():
+            logger.warning("extending lock %s failed, will retry: %s", self._handle.name, result)
+            return True
+        logger.warning("extending lock %s failed: %s", self._handle.name, result)
+        self._report(LOST_UNREACHABLE)
+        return False
 
     def _report(self, reason: str) -> None:
         logger.error("lock %s lost (%s): abort the work it protects", self._handle.name, reason)
@@ -114,3 +123,77 @@ class LockWatchdog:
                 self.on_lost(self._handle, reason)
             except Exception:
                 logger.exception("on_lost callback of lock %s failed", self._handle.name)
+
+
+class LockKeeper:
+    """One thread per node keeps every lock the node holds alive (instead of a thread per lock).
+
+    Each pass extends together the locks due for it (``interval_s`` since their last extension)
+    through ``backend.extend_locks``: on Redis one pipelined round trip per Redlock master, the
+    masters asked in parallel, so a slow master costs one timeout per pass, not one per lock. On the
+    database backend the keeper's thread is the only one that holds a connection for locks.
+    """
+
+    def __init__(self, backend: CoordinationBackend, *, tick_s: float = 0.05) -> None:
+        self.backend = backend
+        self.tick_s = tick_s
+        self._held: dict[int, LockWatchdog] = {}
+        self._mutex = threading.Lock()
+        # Held while a pass is in flight: forget() waits for it, so no extension of a lock
+        # happens after its watchdog's stop() returned.
+        self._extending = threading.Lock()
+
+    def keep(self, watchdog: LockWatchdog) -> LockWatchdog:
+        """Extend ``watchdog``'s lock from now on (its own thread is not started)."""
+        watchdog._keeper = self
+        with self._mutex:
+            self._held[id(watchdog)] = watchdog
+        return watchdog
+
+    def forget(self, watchdog: LockWatchdog) -> None:
+        with self._mutex:
+            self._held.pop(id(watchdog), None)
+        if threading.current_thread() is not getattr(self, "_thread", None):
+            with self._extending:
+                pass
+
+    @property
+    def held(self) -> int:
+        with self._mutex:
+            return len(self._held)
+
+    def run(self, stop: threading.Event) -> None:
+        """Passes every ``tick_s`` until ``stop`` is set."""
+        self._thread = threading.current_thread()
+        while not stop.wait(self.tick_s):
+            try:
+                self.step()
+            except Exception:
+                logger.exception("lock keeper pass failed")
+
+    def step(self) -> int:
+        """One pass: extend the locks due. Returns how many were extended (or tried)."""
+        with self._mutex:
+            candidates = list(self._held.values())
+        tried = 0
+        with self._extending:
+            by_ttl: dict[int, list[LockWatchdog]] = {}
+            for watchdog in candidates:
+                now = watchdog.clock.monotonic()
+                if not watchdog.stopped and now >= watchdog._last_extension + watchdog.interval_s:
+                    by_ttl.setdefault(watchdog.ttl_ms, []).append(watchdog)
+            for ttl_ms, due in by_ttl.items():
+                for watchdog in due:
+                    watchdog._last_extension = watchdog.clock.monotonic()
+                try:
+                    results: list[LockHandle | Exception | None] = list(
+                        self.backend.extend_locks([w.handle for w in due], ttl_ms)
+                    )
+                except Exception as exc:
+                    results = [exc] * len(due)
+                for watchdog, result in zip(due, results, strict=True):
+                    tried += 1
+                    if not watchdog.apply_extension(result):
+                        with self._mutex:
+                            self._held.pop(id(watchdog), None)
+        return tried

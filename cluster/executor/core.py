@@ -18,17 +18,29 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 
 from cluster import admission
 from cluster.admission import Decision, HandBack, Lock, Skip, Start, Wait
 from cluster.clock import Clock, SystemClock
-from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
+from cluster.coordination import (
+    CoordinationBackend,
+    CoordinationError,
+    LockKeeper,
+    LockWatchdog,
+)
 from cluster.executor import facts as gather
 from cluster.executor.finisher import Finisher
 from cluster.executor.output import install_output_capture
@@ -71,6 +83,8 @@ ADMISSION_RETRY_S = 0.5
 ADMISSION_ATTEMPTS = 20
 # The starter's longest sleep when nothing is claimed (it is woken by a claim).
 STARTER_IDLE_S = 0.5
+# Threads admitting batches (each holds one database connection).
+PREPARE_WORKERS = 2
 
 
 class Executor:
@@ -117,10 +131,13 @@ class Executor:
         self._active: dict[int, ActiveRun] = {}
         self._claimed: set[int] = set()
         self.finisher = Finisher(self.clock, self._written)
+        # One thread keeps every job lock of this node alive (not one per lock).
+        self.keeper = LockKeeper(backend)
         self._unwritten = 0
         # Runs whose outcome is queued for the finisher (still running in the database).
         self._finishing: set[int] = set()
         self._wake_starter = threading.Event()
+        self._prepare_queue: queue.Queue[list[Scheduled]] = queue.Queue()
         # Called when capacity frees (an outcome written, a claim given up): the node's claim
         # loop looks again at once instead of at its next poll.
         self.on_room: Callable[[], None] = lambda: None
@@ -263,9 +280,15 @@ class Executor:
 
     # --- the starter: admission shortly before the due instant -----------------------------------
     def run_starter(self, stop: threading.Event) -> None:
-        """The starter loop (``starter_step`` until stopped); also starts the finisher and the
-        supervisor threads."""
-        for name, target in (("finisher", self.finisher.run), ("supervisor", self._supervise)):
+        """The starter loop (``starter_step`` until stopped); also starts the finisher, the
+        supervisor and the PREPARE_WORKERS admission threads."""
+        threads = [
+            ("finisher", self.finisher.run),
+            ("supervisor", self._supervise),
+            ("locks", self.keeper.run),
+        ]
+        threads += [(f"prepare-{k}", self._run_preparer) for k in range(PREPARE_WORKERS)]
+        for name, target in threads:
             threading.Thread(
                 target=target, args=(stop,), name=f"{self.node_id}:{name}", daemon=True
             ).start()
@@ -274,6 +297,22 @@ class Executor:
             if delay > 0:
                 self._wake_starter.wait(delay)
                 self._wake_starter.clear()
+
+    def _run_preparer(self, stop: threading.Event) -> None:
+        """Admit the batches the starter hands over, one at a time. A fixed number of these
+        threads (not one per batch) keeps the node's database connections bounded however far
+        behind it is."""
+        while not stop.is_set():
+            try:
+                batch = self._prepare_queue.get(timeout=STARTER_IDLE_S)
+            except queue.Empty:
+                continue
+            close_old_connections()  # a connection broken by an outage is replaced
+            try:
+                self._prepare_batch(batch)
+            except Exception:
+                logger.exception("admission of a batch failed", extra={"node": self.node_id})
+                connection.close()
 
     def wake_starter(self) -> None:
         """Make the starter look now (new work; or its stop event was set and it should end)."""
@@ -300,23 +339,10 @@ class Executor:
             if self.inline:
                 self._prepare_batch(batch)
             else:
-                threading.Thread(
-                    target=self._guarded,
-                    args=(self._prepare_batch, batch),
-                    name=f"{self.node_id}:prepare",
-                    daemon=True,
-                ).start()
+                self._prepare_queue.put(batch)
         if not instants:
             return STARTER_IDLE_S
         return max(0.0, min(instants) - now)
-
-    def _guarded(self, body: Callable[..., None], *args: object) -> None:
-        try:
-            body(*args)
-        except Exception:
-            logger.exception("executor step %s failed", getattr(body, "__name__", body))
-        finally:
-            connection.close()
 
     def _prepare_batch(self, batch: list[Scheduled]) -> None:
         """``_admit_batch``; if it fails (the database or the lock service went away in the
@@ -393,14 +419,17 @@ class Executor:
         # only take it from the run they wait for (a lock taken and dropped ten times a second by
         # every waiting run starves the one that could go). A run behind a recorded blocker does
         # try: the lock says whether that blocker's body has really not ended.
-        locks: dict[int, tuple[Lock, LockWatchdog | None]] = {
-            item.execution.pk: gather.try_job_lock(
-                self.backend, item.execution, self.job_lock_ttl_ms
+        lockers = [item.execution for item in forbid if item.execution.pk not in older]
+        locks: dict[int, tuple[Lock, LockWatchdog | None]] = dict.fromkeys(
+            older, (Lock.NOT_TRIED, None)
+        )
+        locks.update(
+            zip(
+                (execution.pk for execution in lockers),
+                gather.try_job_locks(self.backend, lockers, self.job_lock_ttl_ms, self.keeper),
+                strict=True,
             )
-            if item.execution.pk not in older
-            else (Lock.NOT_TRIED, None)
-            for item in forbid
-        }
+        )
         held.update((pk, lock) for pk, (_, lock) in locks.items() if lock is not None)
         starts: list[tuple[Scheduled, LockWatchdog | None]] = []
         now = self.clock.now()
@@ -605,12 +634,8 @@ class Executor:
         return ended
 
     def extend_locks(self) -> None:
-        """Extend the job locks of running runs that are due for it (a stepped executor: its
-        watchdogs have no threads)."""
-        with self._lock:
-            locks = [run.lock for run in self._active.values() if run.lock is not None]
-        for lock in locks:
-            lock.extend_if_due()
+        """One pass of the lock keeper (a stepped executor: the keeper has no thread)."""
+        self.keeper.step()
 
     # --- cancel requests and shutdown ------------------------------------------------------------
     def apply_cancel_requests(self) -> int:

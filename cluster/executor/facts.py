@@ -11,7 +11,12 @@ from typing import Any
 from django.db import transaction
 
 from cluster.admission import Blocker, Facts, Lock
-from cluster.coordination import CoordinationBackend, CoordinationError, LockWatchdog
+from cluster.coordination import (
+    CoordinationBackend,
+    CoordinationError,
+    LockKeeper,
+    LockWatchdog,
+)
 from cluster.executor.runs import REASON_BLOCKER_GONE, Scheduled
 from cluster.membership import Liveness, node_liveness, renewed_at_ms
 from cluster.models import NodeStatus, SchedulerNode
@@ -159,22 +164,34 @@ def older_waiting(items: list[Scheduled], *, now: datetime) -> dict[int, bool]:
     return older
 
 
-def try_job_lock(
-    backend: CoordinationBackend, execution: JobExecution, ttl_ms: int, *, threaded: bool = True
-) -> tuple[Lock, LockWatchdog | None]:
-    """The job lock, kept alive by a watchdog while held (its own thread, or, not ``threaded``,
-    extended by whoever steps the executor)."""
+def try_job_locks(
+    backend: CoordinationBackend,
+    batch: list[JobExecution],
+    ttl_ms: int,
+    keeper: LockKeeper,
+) -> list[tuple[Lock, LockWatchdog | None]]:
+    """The job lock of each execution, asked for all at once (``backend.acquire_locks``: one round
+    trip per Redlock master); a lock taken is kept alive by the node's ``keeper``. Two runs of one
+    job in the batch: the first gets the lock, the second finds it taken."""
+    if not batch:
+        return []
+    names = [f"job:{execution.job_id}" for execution in batch]
     try:
-        handle = backend.acquire_lock(f"job:{execution.job_id}", ttl_ms)
+        results = backend.acquire_locks(names, ttl_ms)
     except CoordinationError as exc:
-        logger.warning(
-            "job lock for execution %s unavailable (%s)",
-            execution.pk,
-            exc,
-            extra={"execution": execution.pk},
-        )
-        return Lock.UNAVAILABLE, None
-    if handle is None:
-        return Lock.TAKEN, None
-    watchdog = LockWatchdog(backend, handle, ttl_ms)
-    return Lock.HELD, watchdog.start() if threaded else watchdog
+        results = [exc] * len(batch)
+    locks: list[tuple[Lock, LockWatchdog | None]] = []
+    for execution, result in zip(batch, results, strict=True):
+        if isinstance(result, CoordinationError):
+            logger.warning(
+                "job lock for execution %s unavailable (%s)",
+                execution.pk,
+                result,
+                extra={"execution": execution.pk},
+            )
+            locks.append((Lock.UNAVAILABLE, None))
+        elif result is None:
+            locks.append((Lock.TAKEN, None))
+        else:
+            locks.append((Lock.HELD, keeper.keep(LockWatchdog(backend, result, ttl_ms))))
+    return locks

@@ -266,6 +266,24 @@ def test_lock_extensions_are_capped(env: Env) -> None:
     assert backend.release_lock(handle) is True
 
 
+def test_many_locks_at_once_behave_as_one_by_one(env: Env) -> None:
+    """acquire_locks / extend_locks (one round trip per Redlock master on Redis, a loop elsewhere)
+    give each name what acquire_lock / extend_lock would have, in order."""
+    taken = env.build().acquire_lock("job:2", LONG_TTL_MS)
+    results = env.backend.acquire_locks(["job:1", "job:2", "job:3", "job:1"], SHORT_TTL_MS)
+    assert [r is not None for r in results] == [True, False, True, False]
+    first, _, third, _ = results
+    assert {first.name, third.name} == {"job:1", "job:3"}
+    env.pass_time(SHORT_TTL_MS // 2)
+    forged = replace(taken, token="0" * 32)
+    extended = env.backend.extend_locks([first, third, forged], 2 * SHORT_TTL_MS)
+    assert [h.extensions if h else None for h in extended] == [1, 1, None]
+    env.pass_time(SHORT_TTL_MS)
+    assert env.build().acquire_locks(["job:1", "job:3"], LONG_TTL_MS) == [None, None]
+    assert env.backend.release_lock(extended[0]) and env.backend.release_lock(extended[1])
+    assert env.backend.acquire_locks([], LONG_TTL_MS) == []
+
+
 # --- presence -------------------------------------------------------------------------------------
 def test_heartbeats_and_live_nodes(env: Env) -> None:
     assert env.backend.live_nodes() == {}

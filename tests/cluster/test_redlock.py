@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import redis
 
-from cluster.coordination import CoordinationError, LockWatchdog, get_backend
+from cluster.coordination import CoordinationError, LockKeeper, LockWatchdog, get_backend
 from cluster.coordination.base import LockNotAcquired, LockNotOwned, QuorumLost
 from cluster.coordination.redis_backend import redis_client
 from cluster.coordination.redlock import DRIFT_CONSTANT_MS, Redlock
@@ -272,3 +272,85 @@ def test_a_dead_redis_fails_fast_and_the_backend_recovers_after_a_restart(master
         assert backend.acquire_lock("job", TTL_MS) is not None
     finally:
         backend.close()
+
+
+# --- many locks at once, and one keeper per node --------------------------------------------------
+
+
+def test_acquire_many_takes_free_locks_and_undoes_the_rest_in_one_round_trip(clients) -> None:
+    lock = Redlock(clients)
+    free, held, twice = (f"job:{uuid.uuid4().hex[:12]}" for _ in range(3))
+    for client in clients[:2]:
+        client.set(held, "someone-else", px=TTL_MS)
+    results = lock.acquire_many([free, held, twice, twice], TTL_MS)
+    assert [type(r).__name__ for r in results] == [
+        "LockHandle",
+        "NoneType",
+        "LockHandle",
+        "NoneType",
+    ]
+    assert holders(clients, free, results[0].token) == MASTERS
+    assert holders(clients, twice, results[2].token) == MASTERS
+    # The partial acquisition of ``held`` (the third master said yes) was undone there.
+    assert clients[2].get(held) is None
+    assert [client.get(held) for client in clients[:2]] == ["someone-else", "someone-else"]
+    extended = lock.extend_many([results[0], results[2]], TTL_MS)
+    assert [h.extensions for h in extended] == [1, 1]
+    assert lock.release(results[0]) and lock.release(results[2])
+
+
+def test_many_locks_survive_one_master_down_and_report_a_lost_quorum_with_two(
+    masters, clients
+) -> None:
+    lock = Redlock(clients)
+    names = [f"job:{uuid.uuid4().hex[:12]}" for _ in range(5)]
+    masters[2].stop()
+    handles = lock.acquire_many(names, TTL_MS)
+    assert all(h is not None and not isinstance(h, Exception) for h in handles)
+    masters[1].stop()
+    assert all(isinstance(r, QuorumLost) for r in lock.extend_many(handles, TTL_MS))
+    fresh = [f"job:{uuid.uuid4().hex[:12]}" for _ in range(3)]
+    assert all(isinstance(r, QuorumLost) for r in lock.acquire_many(fresh, TTL_MS))
+    # Nothing of the failed acquisitions is left on the master that answered.
+    assert all(clients[0].get(n) is None for n in fresh)
+
+
+def test_a_lock_taken_from_its_holder_is_not_extended(clients) -> None:
+    lock = Redlock(clients)
+    mine, stolen = (f"job:{uuid.uuid4().hex[:12]}" for _ in range(2))
+    handles = lock.acquire_many([mine, stolen], TTL_MS)
+    for client in clients:
+        client.set(stolen, "someone-else", px=TTL_MS)
+    extended = lock.extend_many(handles, TTL_MS)
+    assert extended[0] is not None and extended[0].extensions == 1
+    assert extended[1] is None
+
+
+def test_one_keeper_keeps_many_locks_alive_and_reports_a_stolen_one(clients, backend) -> None:
+    ttl_ms = 300
+    names = [f"job:{uuid.uuid4().hex[:12]}" for _ in range(20)]
+    keeper = LockKeeper(backend, tick_s=0.02)
+    watchdogs = [
+        keeper.keep(LockWatchdog(backend, handle, ttl_ms))
+        for handle in backend.acquire_locks(names, ttl_ms)
+    ]
+    stop = threading.Event()
+    thread = threading.Thread(target=keeper.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(3 * ttl_ms / 1000)
+        assert all(backend.acquire_lock(n, TTL_MS) is None for n in names)  # still held
+        assert not any(w.lost.is_set() for w in watchdogs)
+        assert min(w.handle.extensions for w in watchdogs) >= 5
+        for client in clients:
+            client.set(backend.redlock.key(names[0]), "someone-else", px=TTL_MS)
+        assert watchdogs[0].lost.wait(timeout=2)
+        assert watchdogs[0].lost_reason == LOST_NOT_OWNED
+        assert keeper.held == len(names) - 1
+        for watchdog in watchdogs[1:]:
+            handle = watchdog.stop()  # no extension in flight once this returns
+            assert backend.release_lock(handle) is True
+        assert keeper.held == 0
+    finally:
+        stop.set()
+        thread.join(2)
