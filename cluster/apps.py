@@ -1,4 +1,6 @@
 import logging
+import threading
+from typing import Any
 
 from django.apps import AppConfig
 
@@ -27,6 +29,11 @@ def _limit_idle_write_transactions(sender, connection, **kwargs) -> None:
         cursor.execute("SET SESSION idle_transaction_timeout = %s", [int(timeout)])
 
 
+def _log_new_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """DEBUG: which thread opened a database connection (a node's connection budget)."""
+    logger.debug("database connection opened by thread %s", threading.current_thread().name)
+
+
 class ClusterConfig(AppConfig):
     name = "cluster"
     verbose_name = "Cluster"
@@ -35,6 +42,7 @@ class ClusterConfig(AppConfig):
         from django.db.backends.signals import connection_created
 
         connection_created.connect(_limit_idle_write_transactions, dispatch_uid="cluster-idle-tx")
+        connection_created.connect(_log_new_connection, dispatch_uid="cluster-log-connection")
 
         from cluster.wake import wake_nodes
         from jobs import events

@@ -35,7 +35,7 @@ from cluster import scheduler
 from cluster.clock import Clock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.elector import ElectionConfig, LeaderElector
-from cluster.executor import RECONCILE_AFTER_S, Executor, Runner
+from cluster.executor import PREPARE_WORKERS, RECONCILE_AFTER_S, Executor, Runner
 from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
@@ -66,6 +66,41 @@ LOOP_ERROR_BACKOFF_S = 0.5
 # retry after this, doubling up to REGISTER_RETRY_MAX_S (seconds).
 REGISTER_RETRY_FIRST_S = 0.5
 REGISTER_RETRY_MAX_S = 5.0
+
+
+# Database connections a node's own threads hold at most: heartbeat, leader, claim, the
+# PREPARE_WORKERS admission threads, the finisher, and one for its main thread or a drain; with the
+# database coordination backend also the election, presence and lock-keeper threads. It does not
+# grow with --capacity: task bodies hold none unless the task itself uses the ORM (and then close it
+# when the run ends).
+NODE_DB_CONNECTIONS = {"redis": 5 + PREPARE_WORKERS, "database": 8 + PREPARE_WORKERS}
+ERR_CONNECTIONS = (
+    "the database allows {limit} connections, and {nodes} running node(s) x {budget} + this "
+    "node's {budget} + {reserve} kept for web processes (SCHEDULER_WEB_DB_CONNECTIONS) need "
+    "{needed}: raise the server's max_connections or run fewer nodes"
+)
+
+
+def connection_budget_problem(*, node_id: str, coordination: str, reserve: int) -> str | None:
+    """On MySQL/MariaDB: why this node cannot start without risking "Too many connections", or
+    None if the running nodes' budgets, this one's and the web reserve fit max_connections."""
+    if connection.vendor != "mysql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_connections")
+        limit = int(cursor.fetchone()[0])
+    budget = NODE_DB_CONNECTIONS[coordination]
+    running = (
+        SchedulerNode.objects.filter(status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING])
+        .exclude(node_id=node_id)
+        .count()
+    )
+    needed = (running + 1) * budget + reserve
+    if needed <= limit:
+        return None
+    return ERR_CONNECTIONS.format(
+        limit=limit, nodes=running, budget=budget, reserve=reserve, needed=needed
+    )
 
 
 @dataclass

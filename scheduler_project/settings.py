@@ -282,6 +282,9 @@ LOGGING = {
 # idle seconds inside a transaction, rolling it back (see cluster.apps); runnode refuses a value not
 # below the renew deadline, so nothing frozen holds the cluster longer than a lease. 0 disables it.
 SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S", 1)
+# Connections kept free for the web processes, the dashboard and operators' tools when runnode checks
+# that nodes x their connection budget fit the server's max_connections (MariaDB).
+SCHEDULER_WEB_DB_CONNECTIONS = env_int("SCHEDULER_WEB_DB_CONNECTIONS", 20)
 
 # --- Live dashboard (cluster.live, docs/live-protocol.md) -----------------------------------------
 # Read by cluster.live when the first dashboard connects (tests override them with settings).

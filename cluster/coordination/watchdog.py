@@ -142,6 +142,34 @@ class LockKeeper:
         # Held while a pass is in flight: forget() waits for it, so no extension of a lock
         # happens after its watchdog's stop() returned.
         self._extending = threading.Lock()
+        self._releases: list[LockHandle] = []
+        self._running = threading.Event()
+        self._wake = threading.Event()
+
+    def release(self, watchdog: LockWatchdog) -> None:
+        """Stop extending ``watchdog``'s lock and release it: in the keeper's thread when it runs
+        (at once: the thread is woken), so whoever gives a lock up (a task thread as its body
+        ends) touches neither the database nor Redis; else here."""
+        handle = watchdog.stop()
+        if self._running.is_set():
+            with self._mutex:
+                self._releases.append(handle)
+            self._wake.set()
+            return
+        self._release(handle)
+
+    def _release(self, handle: LockHandle) -> None:
+        try:
+            self.backend.release_lock(handle)
+        except Exception as exc:  # it expires by itself
+            logger.warning("releasing lock %s failed (it will expire): %s", handle.name, exc)
+
+    def _release_queued(self) -> int:
+        with self._mutex:
+            handles, self._releases = self._releases, []
+        for handle in handles:
+            self._release(handle)
+        return len(handles)
 
     def keep(self, watchdog: LockWatchdog) -> LockWatchdog:
         """Extend ``watchdog``'s lock from now on (its own thread is not started)."""
@@ -163,13 +191,22 @@ class LockKeeper:
             return len(self._held)
 
     def run(self, stop: threading.Event) -> None:
-        """Passes every ``tick_s`` until ``stop`` is set."""
+        """Passes every ``tick_s`` (or at once when a release is queued) until ``stop`` is set;
+        then the queued releases are done and later ones happen in their callers."""
         self._thread = threading.current_thread()
-        while not stop.wait(self.tick_s):
-            try:
-                self.step()
-            except Exception:
-                logger.exception("lock keeper pass failed")
+        self._running.set()
+        try:
+            while not stop.is_set():
+                self._wake.wait(self.tick_s)
+                self._wake.clear()
+                try:
+                    self._release_queued()
+                    self.step()
+                except Exception:
+                    logger.exception("lock keeper pass failed")
+        finally:
+            self._running.clear()
+            self._release_queued()
 
     def step(self) -> int:
         """One pass: extend the locks due. Returns how many were extended (or tried)."""

@@ -14,7 +14,7 @@ Run: ``thread`` isolation runs the task in a thread of this process; ``process``
 process that is killed on timeout or cancel (``runners``).
 """
 
-from cluster.executor.core import PREPARE_AHEAD_S, RECONCILE_AFTER_S, Executor
+from cluster.executor.core import PREPARE_AHEAD_S, PREPARE_WORKERS, RECONCILE_AFTER_S, Executor
 from cluster.executor.facts import due_instant
 from cluster.executor.runners import Runner, ThreadRunner
 from cluster.executor.runs import (
@@ -30,6 +30,7 @@ from cluster.executor.runs import (
 
 __all__ = [
     "PREPARE_AHEAD_S",
+    "PREPARE_WORKERS",
     "REASON_BLOCKER_GONE",
     "REASON_CANCELLED",
     "REASON_LOCK_LOST",

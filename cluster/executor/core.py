@@ -15,7 +15,6 @@ the steps themselves for a deterministic test harness.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import logging
 import queue
@@ -37,7 +36,6 @@ from cluster.admission import Decision, HandBack, Lock, Skip, Start, Wait
 from cluster.clock import Clock, SystemClock
 from cluster.coordination import (
     CoordinationBackend,
-    CoordinationError,
     LockKeeper,
     LockWatchdog,
 )
@@ -612,9 +610,7 @@ class Executor:
         self.on_room()
 
     def _release_lock(self, watchdog: LockWatchdog) -> None:
-        handle = watchdog.stop()
-        with contextlib.suppress(CoordinationError):
-            self.backend.release_lock(handle)
+        self.keeper.release(watchdog)
 
     # --- the supervisor: timeouts, cancel requests, lost locks ----------------------------------
     def _supervise(self, stop: threading.Event) -> None:

@@ -83,7 +83,8 @@ class NodeProcess:
         return self.process.returncode
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from cluster.apps import limit_idle_transactions
 from cluster.coordination import get_backend
@@ -29,6 +29,7 @@ from cluster.node import (
     LOOKAHEAD_S,
     NodeConfig,
     NodeRunner,
+    connection_budget_problem,
 )
 
 logger = logging.getLogger("cluster.runnode")
@@ -90,6 +91,22 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         limit_idle_transactions(settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S)
         connections.close_all()  # reopened with the limit
+        coordination = options["coordination"] or settings.SCHEDULER_COORDINATION
+        try:
+            problem = connection_budget_problem(
+                node_id=config.node_id,
+                coordination=coordination,
+                reserve=settings.SCHEDULER_WEB_DB_CONNECTIONS,
+            )
+        except DatabaseError as exc:
+            # The database cannot be reached: nothing to check against now (the node waits for
+            # it below, and the server refuses connections beyond its limit in any case).
+            logger.warning("could not check the connection budget: %s", exc)
+            problem = None
+        finally:
+            connections.close_all()
+        if problem:
+            raise CommandError(problem, returncode=EXIT_USAGE)
         backend = get_backend(options["coordination"])
         node = NodeRunner(config, backend)
         drain_requested = threading.Event()
@@ -107,6 +124,7 @@ class Command(BaseCommand):
         if not node.register_when_reachable(drain_requested):
             self.stdout.write(f"node {config.node_id} stopped before it could register")
             return
+        connections.close_all()  # the main thread holds none while the node runs
         node.start(registered=True)
         self.stdout.write(f"node {config.node_id} running (pid {os.getpid()})")
         self.stdout.flush()
