@@ -4,6 +4,7 @@ worker on the same kind of Redis) when it is installed (``pip install -r require
 
     python -m bench.run                      # W1-W4 (+ peer W1/W3 when installed), about 4 minutes
     python -m bench.run w1 w3 --quick        # shorter windows
+    python -m bench.run w1 w3 --hog 2        # beside two busy-looping processes (both systems)
     BENCH_DATABASE_URL=sqlite:///tmp/b.db python -m bench.run w1
 
 Every process is started here and stopped here by PID; traffic stays on loopback; every wait is
@@ -36,7 +37,29 @@ NODE_CAPACITY = 64
 SECRET = "bench-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz-ABCDEFG"
 
 
+# W3 kills the leader this long before a whole second (its runs of the slot are in flight).
+SLOT_KILL_EARLY_S = 0.05
+
+
 # --- small utilities --------------------------------------------------------------------------------
+
+
+def sleep_until(instant: float) -> None:
+    time.sleep(max(0.0, instant - time.time()))
+
+
+class CpuHog:
+    """``count`` busy-looping processes (started and stopped here, by PID): the machine under load."""
+
+    def __init__(self, count: int) -> None:
+        self.processes = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
+        ]
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait(5)
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -201,16 +224,19 @@ def wait_for_leader(timeout: float = 30) -> tuple[str, int]:
 def create_interval_jobs(count: int, prefix: str, path: Path, interval: int = 1) -> None:
     from jobs import services
 
-    for index in range(count):
-        services.job_create(
-            data={
-                "name": f"{prefix}-{index:04d}",
-                "task": "bench.record",
-                "kwargs": {"path": str(path)},
-                "schedule_type": "interval",
-                "interval_seconds": interval,
-            },
-            by=services.SYSTEM,
+    items = [
+        {
+            "name": f"{prefix}-{index:04d}",
+            "task": "bench.record",
+            "kwargs": {"path": str(path)},
+            "schedule_type": "interval",
+            "interval_seconds": interval,
+        }
+        for index in range(count)
+    ]
+    for start in range(0, count, services.MAX_BATCH_JOBS):
+        services.jobs_create_batch(
+            items=items[start : start + services.MAX_BATCH_JOBS], by=services.SYSTEM
         )
 
 
@@ -259,15 +285,19 @@ def w2(env: Environment, *, count: int = 5000, timeout_s: float = 180) -> dict:
         wait_for_leader()
         time.sleep(2)
         first_submit = time.time()
-        for index in range(count):
-            services.job_create(
-                data={
-                    "name": f"w2-{index:05d}",
-                    "task": "bench.record",
-                    "kwargs": {"path": str(path)},
-                    "schedule_type": "once",
-                    "run_at": timezone.now().isoformat(),
-                },
+        # Submitted as a client of the batch API would: 1,000 jobs per request (one transaction).
+        for start in range(0, count, services.MAX_BATCH_JOBS):
+            services.jobs_create_batch(
+                items=[
+                    {
+                        "name": f"w2-{index:05d}",
+                        "task": "bench.record",
+                        "kwargs": {"path": str(path)},
+                        "schedule_type": "once",
+                        "run_at": timezone.now().isoformat(),
+                    }
+                    for index in range(start, min(count, start + services.MAX_BATCH_JOBS))
+                ],
                 by=services.SYSTEM,
             )
         last_submit = time.time()
@@ -330,6 +360,9 @@ def w3(env: Environment, *, jobs: int = 10, settle_s: float = 8, after_s: float 
     try:
         leader, term = wait_for_leader()
         time.sleep(settle_s)
+        # The worst instant: just before a whole second, when the leader's runs of that slot are
+        # marked running and their bodies have not started.
+        sleep_until(math.ceil(time.time() + 0.5) - SLOT_KILL_EARLY_S)
         killed_at = time.time()
         nodes.signal(leader, signal.SIGKILL)
         time.sleep(after_s)
@@ -441,11 +474,25 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
     parser.add_argument("--no-peer", action="store_true", help="skip the Celery peer")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--hog",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run everything (ours and the peer) beside N busy-looping processes",
+    )
     args = parser.parse_args()
+    hog = CpuHog(args.hog) if args.hog else None
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
     workdir = Path(tempfile.mkdtemp(prefix="sched-bench-"))
     env = Environment(database_url, workdir)
-    results: dict[str, Any] = {"database": database_url.split("://")[0], "nodes": NODES}
+    results: dict[str, Any] = {
+        "database": database_url.split("://")[0],
+        "nodes": NODES,
+        "hog_processes": args.hog,
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+    }
     quick = args.quick
     try:
         if "w1" in args.workloads:
@@ -488,8 +535,16 @@ def main() -> None:
             results["w4"] = w4(env, defined=10_000 if quick else 100_000)
             print(json.dumps(results["w4"], indent=2))
     finally:
+        results["load_average_at_end"] = os.getloadavg()
+        if hog is not None:
+            hog.stop()
         env.close()
         shutil.rmtree(workdir, ignore_errors=True)
+    print(
+        f"load average at start {results['load_average_at_start'][0]:.2f}, "
+        f"at end {results['load_average_at_end'][0]:.2f} ({os.cpu_count()} CPUs, "
+        f"{args.hog} hog processes)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
 
