@@ -6,6 +6,7 @@ from django.db import transaction
 
 from cluster.models import NodeStatus, SchedulerNode
 from jobs.models import JobExecution
+from jobs.retry import retry_on_conflict
 from jobs.services import ActionNotAllowed, Actor, audit_record
 from jobs.states import ExecutionStatus
 
@@ -17,6 +18,7 @@ ERR_NODE_HOLDS_RUNS = (
 )
 
 
+@retry_on_conflict
 def node_request_drain(*, node_pk: int, by: Actor) -> SchedulerNode:
     """Ask a node to drain: it stops claiming, hands over leadership and finishes its work."""
     with transaction.atomic():
@@ -39,6 +41,7 @@ def node_request_drain(*, node_pk: int, by: Actor) -> SchedulerNode:
     return node
 
 
+@retry_on_conflict
 def node_forget(*, node_pk: int, by: Actor) -> str:
     """Remove a dead or stopped node from the list (its row; its executions and terms keep their
     history). Refused while it is active or draining, or while executions still name it as

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from jobs import events, executions, schedules
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
+from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
 from jobs.validation import JOB_DEFAULTS, WRITABLE_FIELDS, JobValidationError, clean_job
 
@@ -162,6 +163,7 @@ def _check_name_free(name: str, *, exclude_pk: int | None = None) -> None:
         raise JobValidationError({"name": [ERR_NAME_TAKEN]})
 
 
+@retry_on_conflict
 def job_create(*, data: dict[str, Any], by: Actor, now: datetime | None = None) -> Job:
     now = now or timezone.now()
     values = clean_job(data, now=now)
@@ -199,6 +201,7 @@ ERR_BATCH_ITEM_NOT_OBJECT = "Each job must be an object."
 ERR_BATCH_DUPLICATE_NAME = "The name appears more than once in the batch (ignoring case)."
 
 
+@retry_on_conflict
 def jobs_create_batch(*, items: list[Any], by: Actor, now: datetime | None = None) -> list[Job]:
     """Create many jobs at once, all or none: every item is validated first (errors keyed
     ``"<index>.<field>"``), names are checked in one query, then the jobs and their audit rows are
@@ -277,6 +280,7 @@ def _index_key(key: str) -> tuple[int, str]:
     return (int(head), rest) if head.isdigit() else (-1, key)
 
 
+@retry_on_conflict
 def job_update(
     *,
     job_id: int,
@@ -347,6 +351,7 @@ def job_update(
     return job
 
 
+@retry_on_conflict
 def _job_set_enabled(*, job_id: int, enabled: bool, by: Actor, now: datetime) -> Job:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
@@ -386,6 +391,7 @@ def job_resume(*, job_id: int, by: Actor, now: datetime | None = None) -> Job:
     return _job_set_enabled(job_id=job_id, enabled=True, by=by, now=now or timezone.now())
 
 
+@retry_on_conflict
 def job_delete(*, job_id: int, by: Actor, expected_version: int | None = None) -> None:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
@@ -404,6 +410,7 @@ def job_delete(*, job_id: int, by: Actor, expected_version: int | None = None) -
         events.send_after_commit(events.job_changed, job_id=job_id, change="deleted")
 
 
+@retry_on_conflict
 def job_trigger(*, job_id: int, by: Actor, now: datetime | None = None) -> JobExecution:
     """Run a job now, outside its schedule (works for paused jobs too)."""
     now = now or timezone.now()
@@ -425,6 +432,7 @@ def job_trigger(*, job_id: int, by: Actor, now: datetime | None = None) -> JobEx
     return execution
 
 
+@retry_on_conflict
 def execution_cancel(*, execution_id: int, by: Actor, now: datetime | None = None) -> JobExecution:
     """Cancel a waiting execution at once; for a running one, record a request the node acts on."""
     now = now or timezone.now()
@@ -455,6 +463,7 @@ def execution_cancel(*, execution_id: int, by: Actor, now: datetime | None = Non
     return execution
 
 
+@retry_on_conflict
 def execution_retry(*, execution_id: int, by: Actor, now: datetime | None = None) -> JobExecution:
     """Run a finished-without-success execution again: a new attempt of the same fire slot."""
     now = now or timezone.now()
@@ -501,6 +510,7 @@ ERR_DEFINITION_NOT_OBJECT = "Each job definition must be an object with a name."
 ERR_DUPLICATE_DEFINITION = "The name appears more than once in the file."
 
 
+@retry_on_conflict
 def job_apply_definitions(
     *,
     definitions: list[Any],

@@ -1,11 +1,14 @@
-"""Map domain exceptions to HTTP: validation 400 (per field), not found 404, conflicts 409."""
+"""Map domain exceptions to HTTP: validation 400 (per field), not found 404, conflicts 409, the
+database unreachable or busy 503 (nothing was written; try again)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
+from django.db import OperationalError
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
@@ -16,8 +19,27 @@ from jobs.services import ActionNotAllowed, VersionConflict
 from jobs.states import IllegalTransition
 from jobs.validation import JobValidationError
 
+logger = logging.getLogger(__name__)
+
+
+def _path(context: dict[str, Any]) -> str:
+    request = context.get("request")
+    return f"{request.method} {request.path}" if request is not None else "?"
+
+
+ERR_DATABASE_UNAVAILABLE = "The database is unavailable or busy; try again in a moment."
+
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, OperationalError):
+        # Unreachable, or a conflict that outlasted the services' own retries: nothing was
+        # written (the transaction was rolled back), and the client may simply try again.
+        logger.warning("database error answering %s: %s", _path(context), exc)
+        return Response(
+            {"detail": ERR_DATABASE_UNAVAILABLE, "code": "database_unavailable"},
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": "1"},
+        )
     if isinstance(exc, JobValidationError):
         exc = ValidationError(exc.errors)
     elif isinstance(exc, RequestDataTooBig):
