@@ -53,6 +53,7 @@ NODE_PREFIX = "node:"
 
 class DatabaseBackend(CoordinationBackend):
     stores_heartbeat_payload = False
+    uses_database = True
 
     def __init__(
         self,

@@ -147,11 +147,13 @@ class LockKeeper:
         self._wake = threading.Event()
 
     def release(self, watchdog: LockWatchdog) -> None:
-        """Stop extending ``watchdog``'s lock and release it: in the keeper's thread when it runs
-        (at once: the thread is woken), so whoever gives a lock up (a task thread as its body
-        ends) touches neither the database nor Redis; else here."""
+        """Stop extending ``watchdog``'s lock and release it, here and now; on the database
+        backend, while the keeper's thread runs, in that thread (woken at once), so a task thread
+        giving its lock up as its body ends opens no database connection of its own. (Released
+        here otherwise: every moment a released lock still looks held is a moment in which a run
+        behind it could be refused on its account.)"""
         handle = watchdog.stop()
-        if self._running.is_set():
+        if self._running.is_set() and self.backend.uses_database:
             with self._mutex:
                 self._releases.append(handle)
             self._wake.set()

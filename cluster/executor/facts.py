@@ -66,7 +66,13 @@ def blockers(
     heartbeat_s: float,
     now: datetime,
 ) -> dict[int, Blocker]:
-    """Per job of ``items``: the earliest other RUNNING run that may really be active.
+    """Per job of ``items``: the latest-started other RUNNING run that may really be active.
+
+    The latest, not the earliest: that is the run that holds the job lock if anyone does (a run is
+    marked running just after it takes the lock, and a body releases the lock as it ends). An older
+    row still ``running`` is a run whose outcome is not written yet (its node frozen or its finisher
+    behind) — its body may have ended long ago, and taking it for the lock holder once made a
+    forbid run skip behind a late catch-up run that had only just taken the lock (a chaos run).
 
     A run whose node's presence has expired is not active: it is ended as ``lost`` on the spot
     (retried per policy), so a dead node's leftovers never make a policy skip or wait. One query for
@@ -78,7 +84,7 @@ def blockers(
         JobExecution.objects.select_related("job")
         .filter(job_id__in={i.execution.job_id for i in items}, status=S.RUNNING)
         .exclude(pk__in=[i.execution.pk for i in items])
-        .order_by("started_at", "pk")
+        .order_by("-started_at", "-pk")
     )
     if not others:
         return {}

@@ -558,6 +558,45 @@ def test_a_run_while_another_of_the_job_is_running(
         assert other.reason == REASON_BLOCKER_GONE.format(node="other-node")
 
 
+def test_a_late_run_holding_the_lock_is_waited_for_not_an_older_row_still_marked_running(
+    executor, tmp_path
+):
+    """Two rows of a forbid job say running: an old one whose body ended long ago (its node froze
+    before writing the outcome) and a late catch-up run that took the job lock after this run was
+    due. The lock holder is the late run: this run waits for it and starts once it is done; it is
+    not skipped as if the old row's body still ran (a chaos run found that skip)."""
+    path = tmp_path / "r"
+    job = make_job(
+        "late-holder",
+        "test.record",
+        kwargs={"path": str(path)},
+        concurrency_policy=ConcurrencyPolicy.FORBID,
+    )
+    executor.backend.heartbeat("other-node", PRESENCE_TTL_MS, {})
+    held = executor.backend.acquire_lock(f"job:{job.pk}", PRESENCE_TTL_MS)
+    now = timezone.now()
+    for scheduled, started, token in ((60, 60, "old"), (5, 0.5, "late")):
+        JobExecution.objects.create(
+            job=job,
+            scheduled_for=now - timedelta(seconds=scheduled),
+            run_after=now - timedelta(seconds=scheduled),
+            status=S.RUNNING,
+            started_at=now - timedelta(seconds=started),
+            node="other-node",
+            claim_token=token,
+        )
+    due = now - timedelta(seconds=1)
+    execution = submit(job, scheduled_for=due, run_after=due)
+
+    assert executor.claim_once() == 1
+    time.sleep(1.0)  # four times the forbid settle time: a skip would have been decided
+    assert JobExecution.objects.get(pk=execution.pk).status == S.PENDING
+    executor.backend.release_lock(held)  # the late run's body ended
+    done = wait_for_status(execution, TERMINAL_STATES)
+    assert (done.status, done.reason) == (S.SUCCEEDED, "")
+    assert recorded_ids(path) == [execution.pk]
+
+
 def test_allow_runs_two_executions_of_one_job_side_by_side(executor, tmp_path):
     path = tmp_path / "r"
     job = make_job(
