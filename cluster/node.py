@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.utils import timezone
 
 from cluster import scheduler
 from cluster.clock import Clock, SystemClock
@@ -81,9 +82,14 @@ ERR_CONNECTIONS = (
 )
 
 
-def connection_budget_problem(*, node_id: str, coordination: str, reserve: int) -> str | None:
+def connection_budget_problem(
+    *, node_id: str, coordination: str, reserve: int, dead_after_s: float = DEAD_AFTER_S
+) -> str | None:
     """On MySQL/MariaDB: why this node cannot start without risking "Too many connections", or
-    None if the running nodes' budgets, this one's and the web reserve fit max_connections."""
+    None if the running nodes' budgets, this one's and the web reserve fit max_connections.
+    Running nodes are those whose row heartbeated within ``dead_after_s``: the rows of nodes that
+    died (a host rebooted; the default node id changes with the pid) hold no connection, and
+    counting them could lock every node out until a leader reaps them."""
     if connection.vendor != "mysql":
         return None
     with connection.cursor() as cursor:
@@ -91,7 +97,10 @@ def connection_budget_problem(*, node_id: str, coordination: str, reserve: int) 
         limit = int(cursor.fetchone()[0])
     budget = NODE_DB_CONNECTIONS[coordination]
     running = (
-        SchedulerNode.objects.filter(status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING])
+        SchedulerNode.objects.filter(
+            status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING],
+            last_heartbeat__gte=timezone.now() - timedelta(seconds=dead_after_s),
+        )
         .exclude(node_id=node_id)
         .count()
     )

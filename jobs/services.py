@@ -275,6 +275,18 @@ def jobs_create_batch(*, items: list[Any], by: Actor, now: datetime | None = Non
     return jobs
 
 
+def _by_name(key: str, items: list[dict[str, Any]]) -> str:
+    """A batch error key "<index>.<field>" as "<name>.<field>"."""
+    head, _, field = key.partition(".")
+    if head.isdigit() and int(head) < len(items):
+        return (
+            f"{items[int(head)].get('name')}.{field}"
+            if field
+            else str(items[int(head)].get("name"))
+        )
+    return key
+
+
 def _index_key(key: str) -> tuple[int, str]:
     head, _, rest = key.partition(".")
     return (int(head), rest) if head.isdigit() else (-1, key)
@@ -580,7 +592,14 @@ def job_apply_definitions(
         if creates and not dry_run:
             # New jobs go in bulk (a few statements per thousand jobs, not a few per job).
             for start in range(0, len(creates), MAX_BATCH_JOBS):
-                jobs_create_batch(items=creates[start : start + MAX_BATCH_JOBS], by=by, now=now)
+                chunk = creates[start : start + MAX_BATCH_JOBS]
+                try:
+                    jobs_create_batch(items=chunk, by=by, now=now)
+                except JobValidationError as exc:
+                    # Keyed by name, as the file's other errors ("<name>.<field>").
+                    raise JobValidationError(
+                        {_by_name(key, chunk): reasons for key, reasons in exc.errors.items()}
+                    ) from exc
         if prune:
             for name, job in existing.items():
                 if name not in seen:

@@ -77,6 +77,8 @@ return 0
 DEFAULT_DRIFT_FACTOR = 0.01
 # Fixed part of the drift allowance: Redis expires keys with 1 ms resolution, on each side.
 DRIFT_CONSTANT_MS = 2
+# Threads asking the masters in parallel, per master (concurrent batches from one process).
+POOL_WORKERS_PER_MASTER = 4
 # Random pause between two acquisition attempts, so racing clients do not retry in lock-step.
 DEFAULT_RETRY_DELAY_MS = (50, 200)
 
@@ -291,8 +293,11 @@ class Redlock:
     def _pool(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._executor is None:
+                # Several callers at once (a node's admission threads and its lock keeper): a
+                # master that hangs must not take every worker and queue the others behind it.
                 self._executor = ThreadPoolExecutor(
-                    max_workers=len(self.clients), thread_name_prefix="redlock"
+                    max_workers=len(self.clients) * POOL_WORKERS_PER_MASTER,
+                    thread_name_prefix="redlock",
                 )
             return self._executor
 

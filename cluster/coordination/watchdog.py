@@ -66,8 +66,9 @@ class LockWatchdog:
         return self._stop.is_set()
 
     def stop(self) -> LockHandle:
-        """Stop extending. Once this returns no extension of the lock is in flight, so the caller
-        may release it."""
+        """Stop extending; the caller may release the lock at once. (With a keeper, an extension
+        may still be in flight: it cannot bring a released lock back, as every backend extends
+        only a lock that still holds our token.)"""
         self._stop.set()
         if self._keeper is not None:
             self._keeper.forget(self)
@@ -139,9 +140,6 @@ class LockKeeper:
         self.tick_s = tick_s
         self._held: dict[int, LockWatchdog] = {}
         self._mutex = threading.Lock()
-        # Held while a pass is in flight: forget() waits for it, so no extension of a lock
-        # happens after its watchdog's stop() returned.
-        self._extending = threading.Lock()
         self._releases: list[LockHandle] = []
         self._running = threading.Event()
         self._wake = threading.Event()
@@ -153,12 +151,16 @@ class LockKeeper:
         here otherwise: every moment a released lock still looks held is a moment in which a run
         behind it could be refused on its account.)"""
         handle = watchdog.stop()
-        if self._running.is_set() and self.backend.uses_database:
-            with self._mutex:
+        with self._mutex:
+            # Checked and queued under the mutex the keeper clears _running under: a handle is
+            # never queued after the keeper's last look at the queue.
+            queued = self._running.is_set() and self.backend.uses_database
+            if queued:
                 self._releases.append(handle)
+        if queued:
             self._wake.set()
-            return
-        self._release(handle)
+        else:
+            self._release(handle)
 
     def _release(self, handle: LockHandle) -> None:
         try:
@@ -181,11 +183,9 @@ class LockKeeper:
         return watchdog
 
     def forget(self, watchdog: LockWatchdog) -> None:
+        """Stop extending ``watchdog``'s lock (no waiting for a pass in flight: see stop())."""
         with self._mutex:
             self._held.pop(id(watchdog), None)
-        if threading.current_thread() is not getattr(self, "_thread", None):
-            with self._extending:
-                pass
 
     @property
     def held(self) -> int:
@@ -195,7 +195,6 @@ class LockKeeper:
     def run(self, stop: threading.Event) -> None:
         """Passes every ``tick_s`` (or at once when a release is queued) until ``stop`` is set;
         then the queued releases are done and later ones happen in their callers."""
-        self._thread = threading.current_thread()
         self._running.set()
         try:
             while not stop.is_set():
@@ -207,32 +206,34 @@ class LockKeeper:
                 except Exception:
                     logger.exception("lock keeper pass failed")
         finally:
-            self._running.clear()
+            with self._mutex:
+                self._running.clear()
             self._release_queued()
 
     def step(self) -> int:
         """One pass: extend the locks due. Returns how many were extended (or tried)."""
         with self._mutex:
             candidates = list(self._held.values())
+        by_ttl: dict[int, list[LockWatchdog]] = {}
+        for watchdog in candidates:
+            now = watchdog.clock.monotonic()
+            if not watchdog.stopped and now >= watchdog._last_extension + watchdog.interval_s:
+                by_ttl.setdefault(watchdog.ttl_ms, []).append(watchdog)
         tried = 0
-        with self._extending:
-            by_ttl: dict[int, list[LockWatchdog]] = {}
-            for watchdog in candidates:
-                now = watchdog.clock.monotonic()
-                if not watchdog.stopped and now >= watchdog._last_extension + watchdog.interval_s:
-                    by_ttl.setdefault(watchdog.ttl_ms, []).append(watchdog)
-            for ttl_ms, due in by_ttl.items():
-                for watchdog in due:
-                    watchdog._last_extension = watchdog.clock.monotonic()
-                try:
-                    results: list[LockHandle | Exception | None] = list(
-                        self.backend.extend_locks([w.handle for w in due], ttl_ms)
-                    )
-                except Exception as exc:
-                    results = [exc] * len(due)
-                for watchdog, result in zip(due, results, strict=True):
-                    tried += 1
-                    if not watchdog.apply_extension(result):
-                        with self._mutex:
-                            self._held.pop(id(watchdog), None)
+        for ttl_ms, due in by_ttl.items():
+            for watchdog in due:
+                watchdog._last_extension = watchdog.clock.monotonic()
+            try:
+                results: list[LockHandle | Exception | None] = list(
+                    self.backend.extend_locks([w.handle for w in due], ttl_ms)
+                )
+            except Exception as exc:
+                results = [exc] * len(due)
+            for watchdog, result in zip(due, results, strict=True):
+                tried += 1
+                if watchdog.stopped:
+                    continue  # released meanwhile: nothing to report
+                if not watchdog.apply_extension(result):
+                    with self._mutex:
+                        self._held.pop(id(watchdog), None)
         return tried

@@ -529,6 +529,11 @@ class Executor:
         membership confirmed without a lapse since the run was claimed, and the job lock (if any)
         valid for a margin yet. Otherwise the run is given up: handed back to the queue if the
         cluster has not taken it already (the write is conditional on the claim)."""
+        with self._lock:
+            if run.completed:
+                # Ended before its body started (an operator's cancel of a process-isolated run
+                # between admission and its instant): the outcome is written, nothing starts.
+                return False
         lock = run.lock
         lock_ok = lock is None or (
             not lock.lost.is_set()

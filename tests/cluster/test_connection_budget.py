@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -75,6 +76,12 @@ def test_nodes_that_fit_max_connections_start_and_one_more_is_refused() -> None:
     assert f"allows {limit} connections" in problem and "max_connections" in problem
     # Stopped and dead nodes hold no connections: they do not count.
     SchedulerNode.objects.filter(node_id="one-too-many").update(status=NodeStatus.DEAD)
+    assert connection_budget_problem(node_id="new", coordination="redis", reserve=reserve) is None
+    # Nor do rows still marked active whose nodes stopped heartbeating (died, and not reaped yet:
+    # after a host reboot every node would otherwise be locked out).
+    SchedulerNode.objects.filter(node_id="one-too-many").update(
+        status=NodeStatus.ACTIVE, last_heartbeat=timezone.now() - timedelta(seconds=30)
+    )
     assert connection_budget_problem(node_id="new", coordination="redis", reserve=reserve) is None
 
 

@@ -34,7 +34,7 @@ from cluster.executor import (
 from cluster.executor import core as executor_core
 from cluster.executor.output import install_output_capture
 from cluster.membership import Membership
-from jobs import executions
+from jobs import executions, services
 from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
 from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
@@ -359,6 +359,29 @@ def test_thread_isolation_times_out_an_overrunning_task(executor):
     assert done.status == S.TIMED_OUT
     assert done.error == REASON_TIMEOUT.format(seconds=1)
     assert done.reason == REASON_TIMEOUT.format(seconds=1)
+
+
+def test_a_process_run_cancelled_before_its_instant_never_starts_its_child(
+    executor, tmp_path, monkeypatch
+):
+    """Cancelled between admission (marked running ahead of its instant) and its instant: the run
+    is recorded cancelled at once and its body must not start a child afterwards (it would run
+    without its lock and without supervision)."""
+    monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
+    monkeypatch.setattr(executor_core, "PREPARE_AHEAD_S", 0.8)  # a wide window to cancel in
+    path = tmp_path / "r"
+    job = make_job("cancel-early", "test.record", kwargs={"path": str(path)}, isolation="process")
+    due = timezone.now() + timedelta(seconds=0.9)  # within the claim's look-ahead (1 s)
+    execution = submit(job, scheduled_for=due, run_after=due)
+    assert executor.claim_once() == 1
+    wait_for_status(execution, S.RUNNING)
+    services.execution_cancel(execution_id=execution.pk, by=services.SYSTEM)
+    assert executor.apply_cancel_requests() == 1
+    done = wait_for_status(execution, TERMINAL_STATES)
+    assert done.status == S.CANCELLED
+    time.sleep(max(0.0, (due - timezone.now()).total_seconds()) + 1.0)
+    assert recorded_ids(path) == []
+    assert not multiprocessing.active_children()
 
 
 def test_process_isolation_kills_the_child_on_timeout(executor, tmp_path, monkeypatch):

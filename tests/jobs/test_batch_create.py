@@ -135,3 +135,11 @@ def test_jobs_apply_creates_new_jobs_in_bulk(tmp_path, django_assert_max_num_que
         definitions=[job(f"applied-{k}", interval_seconds=30) for k in range(200)], by=SYSTEM
     )
     assert Job.objects.count() == 200
+
+
+def test_jobs_apply_reports_a_name_taken_ignoring_case_by_name():
+    Job.objects.create(name="Report", task="noop", schedule_type="interval", interval_seconds=5)
+    with pytest.raises(JobValidationError) as raised:
+        services.job_apply_definitions(definitions=[job("fresh"), job("report")], by=SYSTEM)
+    assert raised.value.errors == {"report.name": [ERR_NAME_TAKEN]}
+    assert list(Job.objects.values_list("name", flat=True)) == ["Report"]

@@ -97,6 +97,7 @@ class Command(BaseCommand):
                 node_id=config.node_id,
                 coordination=coordination,
                 reserve=settings.SCHEDULER_WEB_DB_CONNECTIONS,
+                dead_after_s=config.dead_after_s,
             )
         except DatabaseError as exc:
             # The database cannot be reached: nothing to check against now (the node waits for
