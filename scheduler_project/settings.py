@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -81,6 +82,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",
     "jobs",
     "cluster",
 ]
@@ -96,7 +98,25 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a locked-out login into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- Login throttling (django-axes), on every password login: dashboard, admin, API browser -----
+# After SCHEDULER_LOGIN_FAILURE_LIMIT wrong passwords for one username from one address, that
+# username is refused from that address (429, even with the right password) for
+# SCHEDULER_LOGIN_LOCKOUT_MINUTES; a successful login clears the count. Locking by the pair, not by
+# username alone, means an attacker cannot lock a user out everywhere by guessing from elsewhere.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("SCHEDULER_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("SCHEDULER_LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "scheduler_project.urls"
 WSGI_APPLICATION = "scheduler_project.wsgi.application"

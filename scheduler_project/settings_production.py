@@ -49,6 +49,10 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 if env_bool("DJANGO_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Login throttling counts failures per client address: the one the proxy saw, not the
+    # proxy's own (one trusted proxy in front).
+    AXES_IPWARE_PROXY_COUNT = 1
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
 WHITENOISE_USE_FINDERS = False
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "json")
 LOGGING["handlers"]["console"]["formatter"] = "json" if LOG_FORMAT == "json" else "text"  # noqa: F405

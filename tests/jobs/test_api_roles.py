@@ -264,7 +264,7 @@ def test_superuser_without_group_is_admin(world, make_user):
 def session_client(make_user, role: str) -> APIClient:
     user = make_user(role, f"session-{role}")
     client = APIClient(enforce_csrf_checks=True)
-    assert client.login(username=user.username, password=PASSWORD)
+    client.force_login(user)
     return client
 
 

@@ -11,9 +11,11 @@ from io import StringIO
 
 import pytest
 import yaml
-from django.contrib.auth import authenticate, get_user_model
+from django.contrib.auth import authenticate as django_authenticate
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import RequestFactory
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -23,6 +25,11 @@ from jobs.models import AuditEvent, Job, JobExecution
 from jobs.services import Actor, job_create
 
 CLI = Actor(source="cli")
+
+
+def authenticate(**credentials: str) -> object:
+    """Credentials checked as a login checks them: with a request (the login throttle needs one)."""
+    return django_authenticate(RequestFactory().post("/login/"), **credentials)
 
 
 @pytest.fixture(autouse=True)
