@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import connection
@@ -35,27 +36,55 @@ def _check_database() -> str:
 
 
 def _check_redis() -> str:
+    _ping(settings.REDIS_URL)
+    return "ok"
+
+
+def _ping(url: str) -> None:
     import redis
 
     client = redis.Redis.from_url(
-        settings.REDIS_URL,
-        socket_timeout=REDIS_PROBE_TIMEOUT_S,
-        socket_connect_timeout=REDIS_PROBE_TIMEOUT_S,
+        url, socket_timeout=REDIS_PROBE_TIMEOUT_S, socket_connect_timeout=REDIS_PROBE_TIMEOUT_S
     )
     try:
         client.ping()
     finally:
         client.close()
-    return "ok"
+
+
+def _check_redlock() -> str:
+    """The Redlock masters, asked in parallel: ready while a quorum answers (job locks of forbid
+    jobs need one; with fewer, such runs wait)."""
+    urls = settings.REDLOCK_URLS
+    quorum = len(urls) // 2 + 1
+    with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+        answers = list(pool.map(lambda url: _try(_ping, url), urls))
+    up = sum(answers)
+    if up < quorum:
+        raise RuntimeError(f"{up} of {len(urls)} Redlock masters answer; a quorum needs {quorum}")
+    return f"ok ({up} of {len(urls)} masters)"
+
+
+def _try(probe: Callable[[str], None], url: str) -> bool:
+    try:
+        probe(url)
+    except Exception as exc:
+        logger.warning("readiness: redlock master unavailable: %s", exc)
+        return False
+    return True
 
 
 @never_cache
 @require_GET
 def ready(request: HttpRequest) -> JsonResponse:
+    """200 when the database, the coordination Redis and a quorum of the Redlock masters (when
+    they are other servers than REDIS_URL) answer; else 503 naming what does not."""
     checks: dict[str, str] = {}
     probes = {"database": _check_database}
     if settings.REDIS_URL:
         probes["redis"] = _check_redis
+    if settings.REDLOCK_URLS and settings.REDLOCK_URLS != [settings.REDIS_URL]:
+        probes["redlock"] = _check_redlock
     healthy = True
     for name, probe in probes.items():
         started = time.monotonic()
@@ -63,7 +92,9 @@ def ready(request: HttpRequest) -> JsonResponse:
             checks[name] = probe()
         except Exception as exc:  # any failure of a dependency means "not ready"
             healthy = False
-            checks[name] = f"error: {type(exc).__name__}"
+            checks[name] = f"error: {type(exc).__name__}" + (
+                f": {exc}" if name == "redlock" else ""
+            )
             logger.warning("readiness: %s unavailable: %s", name, exc)
         checks[f"{name}_ms"] = f"{(time.monotonic() - started) * 1000:.1f}"
     return JsonResponse(

@@ -39,6 +39,7 @@ def test_live_is_public_and_ok():
 @pytest.mark.django_db
 def test_ready_checks_the_database(settings):
     settings.REDIS_URL = ""
+    settings.REDLOCK_URLS = []
     response = APIClient().get("/health/ready")
     assert response.status_code == 200
     body = response.json()
@@ -51,6 +52,7 @@ def test_ready_checks_the_database(settings):
 @pytest.mark.django_db
 def test_ready_is_503_when_the_database_is_down(settings, monkeypatch):
     settings.REDIS_URL = ""
+    settings.REDLOCK_URLS = []
 
     def broken() -> str:
         raise ConnectionError("database went away")
@@ -85,6 +87,30 @@ def test_ready_reports_redis_ok(settings, redis_url):
     response = APIClient().get("/health/ready")
     assert response.status_code == 200
     assert response.json()["checks"]["redis"] == "ok"
+
+
+@pytest.mark.django_db
+def test_ready_follows_the_redlock_quorum(settings, redis_factory):
+    """Three Redlock masters besides the coordination Redis: ready with all three and with two; not
+    ready with one (forbid jobs could take no lock), and ready again once a second is back."""
+    masters = [redis_factory() for _ in range(3)]
+    settings.REDIS_URL = masters[0].url
+    settings.REDLOCK_URLS = [m.url for m in masters]
+
+    def ready() -> tuple[int, str]:
+        response = APIClient().get("/health/ready")
+        return response.status_code, response.json()["checks"].get("redlock", "")
+
+    assert ready() == (200, "ok (3 of 3 masters)")
+    masters[2].stop()
+    assert ready() == (200, "ok (2 of 3 masters)")
+    masters[1].stop()
+    status, check = ready()
+    assert status == 503
+    assert check == "error: RuntimeError: 1 of 3 Redlock masters answer; a quorum needs 2"
+    masters[1].start()
+    assert ready() == (200, "ok (2 of 3 masters)")
+    masters[2].start()
 
 
 @pytest.mark.django_db
