@@ -41,6 +41,7 @@ from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
 from cluster.wake import WAKE_CHANNEL
+from scheduler_project.logging import process_context, set_process_context
 
 logger = logging.getLogger(__name__)
 
@@ -382,9 +383,16 @@ class NodeRunner:
             return
         self._term = lease.term
         self._leading.set()
+        self._term_in_logs(lease.term)
         logger.info("started leading (term %s)", lease.term, extra=extra)
 
+    def _term_in_logs(self, term: int | None) -> None:
+        """While this process's node leads, every log line of the process carries its term."""
+        if process_context().get("node") == self.config.node_id:
+            set_process_context(term=term)
+
     def _record_term_end(self, lease: Lease, reason: str) -> None:
+        self._term_in_logs(None)
         extra = {**self._log_extra, "term": lease.term}
         logger.info("stopped leading (term %s): %s", lease.term, reason, extra=extra)
         end_reason = (

@@ -285,12 +285,14 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "json": {"()": "scheduler_project.logging.JsonFormatter"},
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s%(context)s"},
     },
+    "filters": {"context": {"()": "scheduler_project.logging.ContextFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "json" if LOG_FORMAT == "json" else "text",
+            "filters": ["context"],
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

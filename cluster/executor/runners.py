@@ -13,6 +13,7 @@ import multiprocessing
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Protocol
 
 from django.db import connection
@@ -24,6 +25,7 @@ from cluster.executor.runs import ActiveRun, Outcome
 from jobs import registry
 from jobs.models import Isolation
 from jobs.states import ExecutionStatus
+from scheduler_project.logging import execution_context
 
 S = ExecutionStatus
 # Event.wait may overshoot by a millisecond or so: sleep to this close to the instant, then spin.
@@ -84,8 +86,19 @@ class ThreadRunner:
                 else body_in_thread
             )
             threading.Thread(
-                target=body, args=(host, run), name=f"task-{run.execution.pk}", daemon=True
+                target=_with_context,
+                args=(body, host, run),
+                name=f"task-{run.execution.pk}",
+                daemon=True,
             ).start()
+
+
+def _with_context(
+    body: Callable[[RunHost, ActiveRun], None], host: RunHost, run: ActiveRun
+) -> None:
+    """Run ``body`` with the run's ids on every line this thread logs (the task's own too)."""
+    with execution_context(execution=run.execution.pk, job=run.execution.job_id):
+        body(host, run)
 
 
 def _open_gate(clock: Clock, instant: float, gate: threading.Event) -> None:

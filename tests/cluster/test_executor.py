@@ -6,6 +6,9 @@ executor's starter thread run it, and polls the database (bounded) for the outco
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import multiprocessing
 import os
 import sys
@@ -39,6 +42,7 @@ from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
 from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
 from jobs.states import TERMINAL_STATES, ExecutionStatus
+from scheduler_project.logging import ContextFilter, JsonFormatter, set_process_context
 from tests.cluster.harness import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,6 +75,12 @@ def print_lines(lines: list[str]) -> int:
     for line in lines:
         print(line)
     return len(lines)
+
+
+@task("test.log_line")
+def log_line() -> None:
+    """A task that logs through the logging module, as library code inside tasks does."""
+    logging.getLogger("tests.task").warning("hello from the body")
 
 
 @task("test.not_a_number")
@@ -618,6 +628,37 @@ def test_a_late_run_holding_the_lock_is_waited_for_not_an_older_row_still_marked
     done = wait_for_status(execution, TERMINAL_STATES)
     assert (done.status, done.reason) == (S.SUCCEEDED, "")
     assert recorded_ids(path) == [execution.pk]
+
+
+def test_a_line_logged_by_a_task_carries_node_term_job_and_execution(executor):
+    """The console handler's ContextFilter fills in the process's node and term and the thread's
+    execution and job: a line the task body logs carries them, in JSON and in text."""
+    stream = io.StringIO()
+    json_handler = logging.StreamHandler(stream)
+    json_handler.addFilter(ContextFilter())
+    json_handler.setFormatter(JsonFormatter())
+    text_stream = io.StringIO()
+    text_handler = logging.StreamHandler(text_stream)
+    text_handler.addFilter(ContextFilter())
+    text_handler.setFormatter(logging.Formatter("%(message)s%(context)s"))
+    task_logger = logging.getLogger("tests.task")
+    task_logger.addHandler(json_handler)
+    task_logger.addHandler(text_handler)
+    set_process_context(node=NODE, term=9)
+    try:
+        job = make_job("logs", "test.log_line")
+        done = run_to_outcome(executor, submit(job))
+    finally:
+        set_process_context(node=None, term=None)
+        task_logger.removeHandler(json_handler)
+        task_logger.removeHandler(text_handler)
+    assert done.status == S.SUCCEEDED
+    line = json.loads(stream.getvalue().splitlines()[0])
+    assert (line["msg"], line["node"], line["term"]) == ("hello from the body", NODE, 9)
+    assert (line["execution"], line["job"]) == (done.pk, job.pk)
+    assert text_stream.getvalue().splitlines()[0] == (
+        f"hello from the body [node={NODE} term=9 job={job.pk} execution={done.pk}]"
+    )
 
 
 def test_allow_runs_two_executions_of_one_job_side_by_side(executor, tmp_path):

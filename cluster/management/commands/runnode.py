@@ -31,6 +31,7 @@ from cluster.node import (
     NodeRunner,
     connection_budget_problem,
 )
+from scheduler_project.logging import set_process_context
 
 logger = logging.getLogger("cluster.runnode")
 EXIT_USAGE = 2
@@ -89,6 +90,7 @@ class Command(BaseCommand):
                 )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        set_process_context(node=config.node_id)  # on every log line of this process
         limit_idle_transactions(settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S)
         connections.close_all()  # reopened with the limit
         coordination = options["coordination"] or settings.SCHEDULER_COORDINATION
