@@ -229,6 +229,20 @@ LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
+# The cache: Redis (shared by every process: API throttles) when REDIS_URL is set, else this
+# process's memory (the embedded mode runs one web process).
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{SCHEDULER_REDIS_PREFIX}:cache",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1},
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: an anonymous API call then gets 401 with WWW-Authenticate, not 403.
@@ -246,6 +260,18 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Per user (token or session) for every call, stricter for writes; per address when anonymous.
+    # Counted in the cache: shared by every web process when REDIS_URL is set (see CACHES).
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+        "jobs.api.throttling.WriteRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": os.environ.get("SCHEDULER_API_RATE_ANON", "60/min"),
+        "user": os.environ.get("SCHEDULER_API_RATE_USER", "1200/min"),
+        "writes": os.environ.get("SCHEDULER_API_RATE_WRITES", "300/min"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Job scheduler API",

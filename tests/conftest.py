@@ -18,6 +18,19 @@ import pytest
 from cluster.verify.redis_server import RedisServer
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    """Each test starts with an empty cache (API throttle counts): keys only this suite wrote."""
+    from django.core.cache import cache
+
+    delete_pattern = getattr(cache, "delete_pattern", None)
+    if delete_pattern is not None:
+        delete_pattern("*")  # django-redis: this KEY_PREFIX's keys only, never the whole server
+    else:
+        cache.clear()
+    yield
+
+
 @pytest.fixture(scope="session")
 def redis_factory() -> Iterator[Callable[[], RedisServer]]:
     """Start private redis-server processes on demand; all are stopped at the end of the session."""

@@ -1,0 +1,36 @@
+"""API rate limits: writes per user are limited more strictly than reads; the answer past a limit
+is 429 with Retry-After; other users are not affected."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.throttling import SimpleRateThrottle
+
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def low_rates(monkeypatch):
+    rates = {"anon": "5/min", "user": "8/min", "writes": "3/min"}
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", rates)
+    return rates
+
+
+def test_writes_are_limited_per_user_and_reads_go_on(api_client_for, low_rates):
+    job = Job.objects.create(name="t", task="noop", schedule_type="interval", interval_seconds=60)
+    operator = api_client_for("operator")
+    statuses = [operator.post(f"/api/jobs/{job.pk}/trigger/").status_code for _ in range(4)]
+    assert statuses == [201, 201, 201, 429]
+    refused = operator.post(f"/api/jobs/{job.pk}/trigger/")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert operator.get("/api/jobs/").status_code == 200  # reads have their own, larger budget
+    other = api_client_for("admin")
+    assert other.post(f"/api/jobs/{job.pk}/trigger/").status_code == 201
+
+
+def test_every_call_counts_against_the_per_user_rate(api_client_for, low_rates):
+    viewer = api_client_for("viewer")
+    statuses = [viewer.get("/api/jobs/").status_code for _ in range(9)]
+    assert statuses == [200] * 8 + [429]
