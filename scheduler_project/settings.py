@@ -229,17 +229,24 @@ LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
-# The cache: Redis (shared by every process: API throttles) when REDIS_URL is set, else this
-# process's memory (the embedded mode runs one web process).
-if REDIS_URL:
-    CACHES = {
-        "default": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": f"{SCHEDULER_REDIS_PREFIX}:cache",
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1},
-        }
+
+def redis_cache(url: str, prefix: str) -> dict:
+    """The cache on Redis: shared by every process (API throttles). Redis unreachable, it answers
+    "nothing stored" (logged) and the API goes on without its rate limits, rather than failing
+    every request."""
+    return {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": url,
+        "KEY_PREFIX": f"{prefix}:cache",
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1, "IGNORE_EXCEPTIONS": True},
     }
+
+
+# The cache: Redis when REDIS_URL is set, else this process's memory (the embedded mode runs one
+# web process).
+if REDIS_URL:
+    CACHES = {"default": redis_cache(REDIS_URL, SCHEDULER_REDIS_PREFIX)}
+    DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

@@ -3,10 +3,13 @@ is 429 with Retry-After; other users are not affected."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from rest_framework.throttling import SimpleRateThrottle
 
 from jobs.models import Job
+from scheduler_project.settings import redis_cache
 
 pytestmark = pytest.mark.django_db
 
@@ -34,3 +37,15 @@ def test_every_call_counts_against_the_per_user_rate(api_client_for, low_rates):
     viewer = api_client_for("viewer")
     statuses = [viewer.get("/api/jobs/").status_code for _ in range(9)]
     assert statuses == [200] * 8 + [429]
+
+
+def test_the_api_goes_on_without_its_limits_while_the_cache_redis_is_down(api_client_for, settings):
+    """The production cache settings with a Redis nobody answers on: calls are served (the rate
+    limits fail open, logged), not refused with a 500."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    viewer = api_client_for("viewer")
+    settings.CACHES = {"default": redis_cache(f"redis://127.0.0.1:{port}/0", "down")}
+    assert viewer.get("/api/jobs/").status_code == 200
+    assert viewer.post("/api/jobs/1/trigger/").status_code in (403, 404)  # a write, too
