@@ -16,7 +16,10 @@ clock, the database or the coordination backend, so every rule is table-tested.
 
 forbid starts a run that holds the job lock: a body holds the lock while it runs and releases it
 as it ends, before its outcome is written, so holding it means no body of the job is active,
-whatever the rows say. Without the lock, forbid skips a run only when a run known to be active
+whatever the rows say — unless the previous holder's node has gone silent (frozen inside the body
+past the lock's TTL, not yet declared dead): then the run waits until the cluster declares that
+node gone and ends its run lost, so no successor starts beside a body still counted as running.
+Without the lock, forbid skips a run only when a run known to be active
 (its node renews its presence) was already running at this run's due instant and still is
 FORBID_SETTLE_S later: a predecessor whose body has just ended but whose outcome is not written yet
 (the finisher batches its writes) is not active, and the run starts that much late instead of
@@ -58,11 +61,14 @@ class Lock(enum.Enum):
 
 @dataclass(frozen=True)
 class Blocker:
-    """The earliest other running run of the job whose node is not known to be gone."""
+    """The latest-started other running run of the job whose node is not known to be gone."""
 
     started_at: float | None
     # Its node renews its presence on time: it really is active.
     certain: bool
+    # Its node has stopped renewing (frozen, cut off or dead, not yet declared so): its body may
+    # still be inside the task, though its job lock may have lapsed.
+    silent: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +134,16 @@ def admit(facts: Facts) -> Decision:
     # holds it starts even if a previous run's row still says running (its outcome not written
     # yet: a finisher that is behind, or a node frozen just after the body ended).
     if facts.lock == Lock.HELD and not facts.older_waiting:
-        return Start()
+        if facts.blocker is None or not facts.blocker.silent:
+            return Start()
+        # The lock is ours only because the previous holder stopped extending it: its node went
+        # silent, perhaps frozen inside the body. Starting now would run beside a body the cluster
+        # has not given up on; wait until it does (the node is declared gone and the run ended
+        # lost, recorded as indeterminate) or the node speaks again.
+        give_up = max(facts.due, facts.runnable_since) + max(facts.grace_s, 1)
+        if facts.now > give_up:
+            return Skip(REASON_LOCK_WAIT.format(grace=_seconds(facts.grace_s)))
+        return Wait(WAIT_POLL_S)
     blocker = facts.blocker
     if (
         blocker is not None

@@ -129,6 +129,7 @@ def blockers(
                 and started is not None
                 and renewed is not None
                 and renewed >= started * 1000,
+                silent=state == Liveness.SUSPECT and live is not None,
             )
     if gone:
         with transaction.atomic():

@@ -41,6 +41,7 @@ BASE = Facts(
 ACTIVE_BEFORE = Blocker(started_at=DUE - 0.5, certain=True)  # running when this one fell due
 ACTIVE_AFTER = Blocker(started_at=DUE + 0.5, certain=True)  # a late run started after our instant
 EXPIRING = Blocker(started_at=DUE - 0.5, certain=False)  # its node stopped renewing
+SILENT = Blocker(started_at=DUE - 0.5, certain=False, silent=True)  # frozen, not yet declared dead
 
 
 def facts(**changes: object) -> Facts:
@@ -62,6 +63,16 @@ CASES = [
         facts(scheduled=False, now=DUE + GRACE + 1, runnable_since=DUE),
         Start(),
     ),
+    # The lock is ours because its holder went silent (frozen past the lock's TTL): wait until
+    # the cluster declares it gone (its run ended lost) rather than run beside its body.
+    ("forbid-lock-lapsed-from-a-silent-holder-waits", facts(blocker=SILENT), Wait(WAIT_POLL_S)),
+    (
+        "forbid-silent-holder-past-the-grace",
+        facts(blocker=SILENT, scheduled=False, now=DUE + GRACE + 1),
+        Skip(REASON_LOCK_WAIT.format(grace=GRACE)),
+    ),
+    # A live node's row still says running (its finisher behind): the lock says the body ended.
+    ("forbid-lock-held-beside-a-live-row-starts", facts(blocker=ACTIVE_BEFORE), Start()),
     ("draining-hands-back", facts(claiming=False), HandBack()),
     (
         "draining-before-forbid-skip",

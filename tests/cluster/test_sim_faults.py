@@ -217,6 +217,47 @@ def test_a_forbid_job_longer_than_its_interval_never_overlaps(make_sim):
         assert [e for e in starts if e.at <= due < e.at + 2.5], f"unjustified skip: {row}"
 
 
+@pytest.mark.parametrize("frozen_s", [2.5, 3.2, 6.0])
+def test_a_body_frozen_past_its_lock_is_declared_lost_before_a_successor_starts(make_sim, frozen_s):
+    """A node frozen inside a forbid body longer than the job lock's TTL: the lock lapses while the
+    row still says running (a chaos run found the successor starting beside it). The successor
+    waits until the frozen node is declared gone and its run ended lost (indeterminate), then
+    starts; no slot runs twice. (Capacity 1: the frozen node cannot hold the next fires' claims
+    too, so other nodes run them.)"""
+    sim = make_sim(capacity=1)
+    job = sim.create_job(name="frozen-body", kwargs={"seconds": 0.6}, concurrency_policy="forbid")
+    sim.advance(3)
+    slot = next_slot(sim, after=1.0)
+    advance_to(sim, slot + 0.05)
+    frozen = JobExecution.objects.get(
+        job=job, scheduled_for=datetime.fromtimestamp(slot, tz=UTC), status=S.RUNNING
+    )
+    victim = sim.nodes[frozen.node].runner
+    lock = victim.executor._active[frozen.pk].lock
+    # The worst instant: inside the body, after a presence renewal that came after the job lock
+    # was taken and before the lock's first extension. The lock then lapses before the presence:
+    # for a moment the lock is free while the node still counts as present.
+    ttl_less_margin = victim.membership.ttl_s - victim.membership.margin_s
+    sim.advance_until(
+        lambda: victim.membership._confirmed_until - ttl_less_margin > lock.handle.acquired_at,
+        limit=0.6,
+    )
+    assert lock.handle.extensions == 0 and frozen.pk in victim.executor._active
+    sim.freeze(frozen.node)
+    frozen_at = sim.clock.now()
+    sim.advance(frozen_s)
+    sim.thaw(frozen.node)
+    sim.advance(4)
+    frozen.refresh_from_db()
+    assert frozen.status == S.LOST, dump(job)
+    successors = [e for e in sim.starts(job) if frozen_at < e.at]
+    assert successors, dump(job)
+    # (In the same step at the earliest: the admission that ends it lost then starts its own.)
+    lost_at = frozen.finished_at.timestamp() - 0.001  # stored to the microsecond
+    assert all(e.at >= lost_at for e in successors), dump(job)
+    assert max(effects_by_slot(sim, job).values()) == 1
+
+
 def test_run_all_catch_up_runs_of_a_forbid_job_run_one_after_the_other(make_sim):
     """A leader outage left next_fire_at in the past: run_all creates two catch-up runs of a forbid
     job whose bodies last 0.2 s; the second starts after the first ended, within the grace."""
