@@ -71,7 +71,7 @@ REGISTER_RETRY_MAX_S = 5.0
 
 
 # Database connections a node's own threads hold at most: heartbeat, leader, claim, the
-# PREPARE_WORKERS admission threads, the finisher, and one for its main thread or a drain; with the
+# admission threads (PREPARE_WORKERS at most), the finisher, and one for its main thread or a drain; with the
 # database coordination backend also the election, presence and lock-keeper threads. It does not
 # grow with --capacity: task bodies hold none unless the task itself uses the ORM (and then close it
 # when the run ends).

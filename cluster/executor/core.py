@@ -81,8 +81,11 @@ ADMISSION_RETRY_S = 0.5
 ADMISSION_ATTEMPTS = 20
 # The starter's longest sleep when nothing is claimed (it is woken by a claim).
 STARTER_IDLE_S = 0.5
-# Threads admitting batches (each holds one database connection).
-PREPARE_WORKERS = 2
+# Threads admitting batches at once, at most (each holds one database connection while it runs).
+# A thread is started per batch up to this many; beyond, batches queue for the next one free. Not
+# a fixed pool of two: a batch stuck on a connection cut mid-query (up to the database read
+# timeout) must not hold up the batches behind it (a chaos run saw runs 35 s late that way).
+PREPARE_WORKERS = 4
 
 
 class Executor:
@@ -136,6 +139,7 @@ class Executor:
         self._finishing: set[int] = set()
         self._wake_starter = threading.Event()
         self._prepare_queue: queue.Queue[list[Scheduled]] = queue.Queue()
+        self._preparers = 0  # admission threads running
         # Called when capacity frees (an outcome written, a claim given up): the node's claim
         # loop looks again at once instead of at its next poll.
         self.on_room: Callable[[], None] = lambda: None
@@ -279,13 +283,12 @@ class Executor:
     # --- the starter: admission shortly before the due instant -----------------------------------
     def run_starter(self, stop: threading.Event) -> None:
         """The starter loop (``starter_step`` until stopped); also starts the finisher, the
-        supervisor and the PREPARE_WORKERS admission threads."""
+        supervisor and the lock keeper threads."""
         threads = [
             ("finisher", self.finisher.run),
             ("supervisor", self._supervise),
             ("locks", self.keeper.run),
         ]
-        threads += [(f"prepare-{k}", self._run_preparer) for k in range(PREPARE_WORKERS)]
         for name, target in threads:
             threading.Thread(
                 target=target, args=(stop,), name=f"{self.node_id}:{name}", daemon=True
@@ -296,21 +299,54 @@ class Executor:
                 self._wake_starter.wait(delay)
                 self._wake_starter.clear()
 
-    def _run_preparer(self, stop: threading.Event) -> None:
-        """Admit the batches the starter hands over, one at a time. A fixed number of these
-        threads (not one per batch) keeps the node's database connections bounded however far
-        behind it is."""
-        while not stop.is_set():
-            try:
-                batch = self._prepare_queue.get(timeout=STARTER_IDLE_S)
-            except queue.Empty:
-                continue
-            close_old_connections()  # a connection broken by an outage is replaced
-            try:
-                self._prepare_batch(batch)
-            except Exception:
-                logger.exception("admission of a batch failed", extra={"node": self.node_id})
-                connection.close()
+    def _dispatch(self, batch: list[Scheduled]) -> None:
+        """Admit ``batch`` in a thread of its own, or queue it when PREPARE_WORKERS threads are
+        already admitting (the first of them to finish takes it)."""
+        with self._lock:
+            spawn = self._preparers < PREPARE_WORKERS
+            if spawn:
+                self._preparers += 1
+            else:
+                self._prepare_queue.put(batch)
+        if spawn:
+            threading.Thread(
+                target=self._preparer, args=(batch,), name=f"{self.node_id}:prepare", daemon=True
+            ).start()
+
+    def _preparer(self, batch: list[Scheduled] | None) -> None:
+        """Admit ``batch``, then whatever queued meanwhile; end (and close the connection) when
+        nothing is left."""
+        try:
+            while batch is not None:
+                try:
+                    self._prepare_batch(batch)
+                except Exception:
+                    logger.exception("admission of a batch failed", extra={"node": self.node_id})
+                    close_old_connections()
+                try:
+                    batch = self._prepare_queue.get_nowait()
+                except queue.Empty:
+                    batch = None
+        finally:
+            connection.close()
+            with self._lock:
+                self._preparers -= 1
+                # A batch queued between our last look and this line has no thread yet.
+                leftover = None
+                if self._preparers < PREPARE_WORKERS:
+                    try:
+                        leftover = self._prepare_queue.get_nowait()
+                    except queue.Empty:
+                        leftover = None
+                    if leftover is not None:
+                        self._preparers += 1
+            if leftover is not None:
+                threading.Thread(
+                    target=self._preparer,
+                    args=(leftover,),
+                    name=f"{self.node_id}:prepare",
+                    daemon=True,
+                ).start()
 
     def wake_starter(self) -> None:
         """Make the starter look now (new work; or its stop event was set and it should end)."""
@@ -337,7 +373,7 @@ class Executor:
             if self.inline:
                 self._prepare_batch(batch)
             else:
-                self._prepare_queue.put(batch)
+                self._dispatch(batch)
         if not instants:
             return STARTER_IDLE_S
         return max(0.0, min(instants) - now)

@@ -661,6 +661,43 @@ def test_a_line_logged_by_a_task_carries_node_term_job_and_execution(executor):
     )
 
 
+def test_admission_batches_stuck_on_the_database_hold_up_no_later_batch(
+    executor, tmp_path, monkeypatch
+):
+    """Three admission batches hang (a connection cut mid-query waits for the read timeout): a
+    run due after them is still admitted and started on time, in a thread of its own."""
+    release = threading.Event()
+    real = executor._admit_batch
+
+    def admit(batch, settled, held):
+        if any(item.execution.job.name.startswith("stuck") for item in batch):
+            release.wait(OUTCOME_TIMEOUT_S)
+        return real(batch, settled, held)
+
+    monkeypatch.setattr(executor, "_admit_batch", admit)
+    path = tmp_path / "r"
+    now = timezone.now()
+    stuck = []
+    for k in range(3):  # more than the two threads admission once had
+        due = now + timedelta(seconds=0.3 * k)  # separate batches (0.25 s prepare window)
+        stuck.append(submit(make_job(f"stuck-{k}", "noop"), scheduled_for=due, run_after=due))
+    due = now + timedelta(seconds=0.95)
+    free = submit(
+        make_job("free", "test.record", kwargs={"path": str(path)}),
+        scheduled_for=due,
+        run_after=due,
+    )
+    try:
+        assert executor.claim_once() == len(stuck) + 1
+        done = wait_for_status(free, TERMINAL_STATES)
+        assert done.status == S.SUCCEEDED and recorded_ids(path) == [free.pk]
+        assert all(JobExecution.objects.get(pk=e.pk).status == S.PENDING for e in stuck)
+    finally:
+        release.set()
+    for execution in stuck:
+        assert wait_for_status(execution, TERMINAL_STATES).status == S.SUCCEEDED
+
+
 def test_allow_runs_two_executions_of_one_job_side_by_side(executor, tmp_path):
     path = tmp_path / "r"
     job = make_job(
