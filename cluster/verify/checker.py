@@ -445,8 +445,11 @@ def when(instant: float) -> str:
 
 
 def slot_key(instant: float) -> int:
-    """Slots compared in milliseconds (databases store microseconds; floats wobble)."""
-    return round(instant * 1000)
+    """Slots compared in microseconds, what the databases store (a float of an epoch instant holds
+    them to a fraction of a microsecond). Not milliseconds: a manual run triggered 0.3 ms before a
+    whole second is a run of its own, not a second execution of that second's slot (a chaos run
+    reported one as a duplicate)."""
+    return round(instant * 1_000_000)
 
 
 def _row(execution: Execution) -> dict[str, Any]:

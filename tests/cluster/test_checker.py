@@ -174,6 +174,23 @@ def two_succeeded_rows(h: History) -> None:
     h.executions.append(dataclasses.replace(first, id=99_002, attempt=2, trigger="retry"))
 
 
+def manual_run_just_before_a_slot(h: History) -> None:
+    """An operator's run now, 0.3 ms before a whole second: a run of its own (a chaos run once
+    reported it as a second execution of that second's slot)."""
+    slot = _find(h, 2, 3)
+    _add_row(
+        h,
+        dataclasses.replace(
+            slot,
+            id=99_004,
+            trigger="api",
+            term=None,
+            scheduled_for=slot.scheduled_for - 0.0003,
+            run_after=slot.scheduled_for - 0.0003,
+        ),
+    )
+
+
 def retry_after_lost(h: History) -> None:
     lost = _replace_row(h, 1, 2, status="lost", reason="node n3 stopped heartbeating")
     _drop_effects(h, lost.id, "end")
@@ -331,6 +348,7 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     ),
     ("two succeeded rows", two_succeeded_rows, {c.DUPLICATE_EXECUTION: "2 succeeded rows"}),
     ("retry after lost", retry_after_lost, {}),
+    ("manual run just before a slot", manual_run_just_before_a_slot, {}),
     ("slot without a row", slot_without_row, {c.MISSING_SLOT: "no execution row"}),
     (
         "skipped without a reason",
