@@ -87,23 +87,9 @@ def job_snapshot(job: Job) -> dict[str, Any]:
     return {field: getattr(job, field) for field in WRITABLE_FIELDS}
 
 
-def audit_record(
-    *,
-    by: Actor,
-    action: str,
-    object_type: str,
-    object_id: Any,
-    object_repr: str = "",
-    changes: dict[str, Any] | None = None,
-) -> AuditEvent:
-    event = audit_event(
-        by=by,
-        action=action,
-        object_type=object_type,
-        object_id=object_id,
-        object_repr=object_repr,
-        changes=changes,
-    )
+def audit_record(*, by: Actor, **fields: Any) -> AuditEvent:
+    """Record an audit row now (fields as ``audit_event`` takes them)."""
+    event = audit_event(by=by, **fields)
     event.save()
     return event
 

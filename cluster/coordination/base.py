@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,25 +136,13 @@ class CoordinationBackend(abc.ABC):
         """``acquire_lock`` for each name, in order: the handle, ``None`` (held elsewhere; also
         a name given twice, after its first), or the CoordinationError that kept the backend from
         answering for it. A backend may do it in fewer round trips (Redlock: one per master)."""
-        results: list[LockHandle | CoordinationError | None] = []
-        for name in names:
-            try:
-                results.append(self.acquire_lock(name, ttl_ms))
-            except CoordinationError as exc:
-                results.append(exc)
-        return results
+        return _each(lambda name: self.acquire_lock(name, ttl_ms), names)
 
     def extend_locks(
         self, handles: Sequence[LockHandle], ttl_ms: int
     ) -> list[LockHandle | CoordinationError | None]:
         """``extend_lock`` for each handle, in order; results as for ``acquire_locks``."""
-        results: list[LockHandle | CoordinationError | None] = []
-        for handle in handles:
-            try:
-                results.append(self.extend_lock(handle, ttl_ms))
-            except CoordinationError as exc:
-                results.append(exc)
-        return results
+        return _each(lambda handle: self.extend_lock(handle, ttl_ms), handles)
 
     # --- presence ---------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -173,6 +161,17 @@ class CoordinationBackend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for backends holding nothing
         """Release connections. The backend must not be used afterwards."""
+
+
+def _each(call: Callable[[Any], LockHandle | None], items: Sequence[Any]) -> list[Any]:
+    """``call`` on each item, a CoordinationError kept as that item's result."""
+    results: list[Any] = []
+    for item in items:
+        try:
+            results.append(call(item))
+        except CoordinationError as exc:
+            results.append(exc)
+    return results
 
 
 def validate_ttl(ttl_ms: int) -> None:
