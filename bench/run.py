@@ -273,7 +273,15 @@ def w1(env: Environment, *, jobs: int = 200, warmup_s: float = 10, window_s: flo
 # --- W2 burst ---------------------------------------------------------------------------------------
 
 
-def w2(env: Environment, *, count: int = 5000, timeout_s: float = 180) -> dict:
+def w2(
+    env: Environment, *, count: int = 5000, mode: str = "enqueue", timeout_s: float = 180
+) -> dict:
+    """``count`` one-off runs due at their submission, submitted as fast as one client can.
+
+    ``enqueue``: runs of one job (concurrency ``allow``) with arguments of their own, 1,000 per
+    call of the enqueue service (what ``POST /api/jobs/<id>/enqueue/`` does), as Celery's
+    ``apply_async`` is used. ``jobs``: one-off jobs (``schedule_type once``), 1,000 per call of
+    the batch service (``POST /api/jobs/batch/``); the leader then fires each."""
     from django.utils import timezone
 
     from jobs import services
@@ -281,29 +289,51 @@ def w2(env: Environment, *, count: int = 5000, timeout_s: float = 180) -> dict:
     prefix = env.reset()
     path = env.workdir / f"{prefix}-w2.txt"
     nodes = Nodes(env, prefix)
+    chunk = services.MAX_BATCH_JOBS
     try:
         wait_for_leader()
+        target = None
+        if mode == "enqueue":
+            target = services.job_create(
+                data={
+                    "name": "w2-target",
+                    "task": "bench.record",
+                    "kwargs": {"path": str(path)},
+                    "schedule_type": "interval",
+                    "interval_seconds": 86_400,
+                    "enabled": False,
+                    "concurrency_policy": "allow",
+                },
+                by=services.SYSTEM,
+            )
         time.sleep(2)
         first_submit = time.time()
-        # Submitted as a client of the batch API would: 1,000 jobs per request (one transaction).
-        for start in range(0, count, services.MAX_BATCH_JOBS):
+        for start in range(0, count, chunk):
+            indexes = range(start, min(count, start + chunk))
+            if target is not None:
+                services.runs_enqueue(
+                    job_id=target.pk,
+                    items=[{"kwargs": {"path": str(path), "name": f"w2-{k:05d}"}} for k in indexes],
+                    by=services.SYSTEM,
+                )
+                continue
             services.jobs_create_batch(
                 items=[
                     {
-                        "name": f"w2-{index:05d}",
+                        "name": f"w2-{k:05d}",
                         "task": "bench.record",
                         "kwargs": {"path": str(path)},
                         "schedule_type": "once",
                         "run_at": timezone.now().isoformat(),
                     }
-                    for index in range(start, min(count, start + services.MAX_BATCH_JOBS))
+                    for k in indexes
                 ],
                 by=services.SYSTEM,
             )
         last_submit = time.time()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and len(read_records(path)) < count:
-            time.sleep(0.2)
+            time.sleep(0.05)
     finally:
         nodes.stop()
     rows = read_records(path)
@@ -311,6 +341,7 @@ def w2(env: Environment, *, count: int = 5000, timeout_s: float = 180) -> dict:
     per_fire = Counter((r[0], r[1]) for r in rows)
     wall = (max(starts) - first_submit) if starts else math.nan
     return {
+        "mode": mode,
         "submitted": count,
         "submit_rate_per_s": count / (last_submit - first_submit),
         "started": len(per_fire),
@@ -513,9 +544,23 @@ def main() -> None:
                         f"{peer['fires']}/{peer['expected']}"
                     )
         if "w2" in args.workloads:
-            print("W2 burst: 5,000 one-off jobs due at submission ...", flush=True)
-            results["w2"] = w2(env, count=1000 if quick else 5000)
+            count = 1000 if quick else 5000
+            print(f"W2 burst: {count:,} runs enqueued, due at submission ...", flush=True)
+            results["w2"] = w2(env, count=count)
             print(json.dumps(results["w2"], indent=2))
+            print(f"W2 burst: {count:,} one-off jobs created in batches ...", flush=True)
+            results["w2_jobs"] = w2(env, count=count, mode="jobs")
+            print(json.dumps(results["w2_jobs"], indent=2))
+            if not args.no_peer:
+                peer = _peer("w2", count=count)
+                if peer:
+                    results["peer_w2"] = peer
+                    print("  peer (Celery apply_async + worker):", json.dumps(peer))
+                    print(
+                        f"  executions/s {results['w2']['executions_per_s']:.0f} vs "
+                        f"{peer['executions_per_s']:.0f} "
+                        f"({results['w2']['executions_per_s'] / peer['executions_per_s']:.1f}x)"
+                    )
         if "w3" in args.workloads:
             print(
                 "W3 failover: 10 jobs every second, SIGKILL then SIGTERM the leader ...", flush=True

@@ -22,8 +22,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q, Value
+from django.db.models import Value
 from django.db.models.functions import Cast, Concat
+from django.utils.timezone import now as timezone_now
 
 from jobs import events
 from jobs.models import MAX_OUTPUT_CHARS, Job, JobExecution, Trigger
@@ -37,6 +38,8 @@ RESULT_MAX_CHARS = 64 * 1024
 ERROR_MAX_CHARS = 8192
 REASON_MAX_CHARS = 255
 _ANY_TOKEN = object()
+# Slots read past the last wanted one when enqueued runs are spread a microsecond apart.
+ENQUEUE_SLOT_MARGIN = 1000
 
 
 def announce(*, execution_id: int, job_id: int, status: str) -> None:
@@ -165,9 +168,57 @@ def create_retry_now(
         priority=job.priority,
         term=original.term,
         triggered_by=triggered_by,
+        args=original.args,
+        kwargs=original.kwargs,
     )
     announce(execution_id=retry.pk, job_id=retry.job_id, status=retry.status)
     return retry
+
+
+def create_enqueued(
+    job: Job, runs: list[dict[str, Any]], *, now: datetime, triggered_by: Any = None
+) -> list[JobExecution]:
+    """Many runs of ``job`` at once (the enqueue API), each with its own arguments, due instant
+    and priority (``jobs.validation.clean_enqueued_run``), in one INSERT. Call inside a
+    transaction.
+
+    A run's fire slot (``scheduled_for``) is unique per job and attempt, like every execution's:
+    runs due at the same instant are set a microsecond apart, in the order they were sent, and
+    clear of the job's existing runs. Raises IntegrityError if a concurrent writer took a slot
+    meanwhile (the caller tries again). Announced once, not once per run."""
+    wanted = [max(run["run_at"] or now, now) for run in runs]
+    step = timedelta(microseconds=1)
+    taken = set(
+        JobExecution.objects.filter(
+            job_id=job.pk,
+            attempt=1,
+            scheduled_for__gte=min(wanted),
+            scheduled_for__lte=max(wanted) + step * (len(runs) + ENQUEUE_SLOT_MARGIN),
+        ).values_list("scheduled_for", flat=True)
+    )
+    rows = []
+    for run, slot in zip(runs, wanted, strict=True):
+        while slot in taken:
+            slot += step
+        taken.add(slot)
+        rows.append(
+            JobExecution(
+                job_id=job.pk,
+                scheduled_for=slot,
+                attempt=1,
+                trigger=Trigger.ENQUEUE,
+                status=S.PENDING,
+                run_after=slot,
+                queue=job.queue,
+                priority=job.priority if run["priority"] is None else run["priority"],
+                triggered_by=triggered_by,
+                args=run["args"],
+                kwargs=run["kwargs"],
+            )
+        )
+    created = JobExecution.objects.bulk_create(rows)
+    announce(execution_id=created[0].pk, job_id=job.pk, status=S.PENDING)
+    return created
 
 
 def backoff_delay(job: Job, attempt: int, rng: random.Random | None = None) -> float:
@@ -198,6 +249,8 @@ def create_retry_if_allowed(execution: JobExecution, *, now: datetime) -> JobExe
             "queue": job.queue,
             "priority": job.priority,
             "term": execution.term,
+            "args": execution.args,
+            "kwargs": execution.kwargs,
         },
     )
     return retry if created else None
@@ -295,23 +348,28 @@ def hand_back_nodes(nodes: Iterable[str]) -> int:
 def start_batch(group: list[JobExecution], *, planned: datetime) -> set[int]:
     """pending -> running for the runs due together, in one statement, just ahead of their
     instant (write-ahead: a run may start only once the row says so). Returns the ids that won; a
-    row cancelled or taken meanwhile does not match and must not start."""
+    row cancelled or taken meanwhile does not match and must not start.
+
+    A row matches on its id and the claim token this writer holds. Every token names its own
+    row ("<batch>-<id>"), so "id in ids and token in tokens" is the same condition as "(id,
+    token) pairs", at the cost of two IN lists instead of one OR term per row. When every row
+    matched (the usual case) no second read is needed to know who won."""
     if not group:
         return set()
     check_transition(S.PENDING, S.RUNNING)
-    condition = Q()
-    for execution in group:
-        condition |= Q(pk=execution.pk, claim_token=execution.claim_token)
-    JobExecution.objects.filter(condition, status=S.PENDING).update(
-        status=S.RUNNING, started_at=planned
-    )
-    won = set(
-        JobExecution.objects.filter(
-            pk__in=[e.pk for e in group],
-            status=S.RUNNING,
-            claim_token__in=[e.claim_token for e in group],
-        ).values_list("pk", flat=True)
-    )
+    ids = [e.pk for e in group]
+    tokens = [e.claim_token for e in group]
+    updated = JobExecution.objects.filter(
+        pk__in=ids, claim_token__in=tokens, status=S.PENDING
+    ).update(status=S.RUNNING, started_at=planned)
+    if updated == len(group):
+        won = set(ids)
+    else:
+        won = set(
+            JobExecution.objects.filter(
+                pk__in=ids, status=S.RUNNING, claim_token__in=tokens
+            ).values_list("pk", flat=True)
+        )
     for execution in group:
         if execution.pk in won:
             execution.status, execution.started_at = S.RUNNING, planned
@@ -353,7 +411,7 @@ def jsonable_result(value: Any) -> Any:
     return value
 
 
-def finish(
+def _outcome_fields(
     execution: JobExecution,
     *,
     status: str,
@@ -364,37 +422,114 @@ def finish(
     output: str = "",
     reason: str = "",
     started: float | None = None,
-) -> bool:
-    """running -> status, conditional on the claim token, plus the next attempt when the outcome
-    allows one. Call inside a transaction. False when the writer no longer owns the run (fenced).
-    ``started`` is the wall time the task body actually began, when known."""
+) -> dict[str, Any]:
+    """The columns an outcome writes (``started`` is the wall time the body began, when known)."""
     started_at = datetime.fromtimestamp(started, tz=UTC) if started else execution.started_at
     started_at = started_at or now
+    return {
+        "status": status,
+        "started_at": started_at,
+        "finished_at": now,
+        "duration_ms": (now - started_at).total_seconds() * 1000,
+        "result": jsonable_result(result),
+        "error": bounded_text(error, ERROR_MAX_CHARS),
+        "traceback": bounded_text(tb),
+        "output": bounded_text(output),
+        "reason": reason[:REASON_MAX_CHARS],
+    }
+
+
+def _fenced(execution: JobExecution, status: str) -> None:
+    logger.warning(
+        "fenced: execution %s is no longer ours (claim %s); outcome %s dropped",
+        execution.pk,
+        execution.claim_token,
+        status,
+        extra={"execution": execution.pk, "claim_token": execution.claim_token},
+    )
+
+
+def finish(execution: JobExecution, *, status: str, now: datetime, **outcome: Any) -> bool:
+    """running -> status, conditional on the claim token, plus the next attempt when the outcome
+    allows one. Call inside a transaction. False when the writer no longer owns the run (fenced).
+    ``outcome``: result, error, tb, output, reason, started (see ``_outcome_fields``)."""
+    fields = _outcome_fields(execution, status=status, now=now, **outcome)
+    del fields["status"]
     won = transition(
         execution.pk,
         source=S.RUNNING,
         target=status,
         job_id=execution.job_id,
         claim_token=execution.claim_token,
-        started_at=started_at,
-        finished_at=now,
-        duration_ms=(now - started_at).total_seconds() * 1000,
-        result=jsonable_result(result),
-        error=bounded_text(error, ERROR_MAX_CHARS),
-        traceback=bounded_text(tb),
-        output=bounded_text(output),
-        reason=reason[:REASON_MAX_CHARS],
+        **fields,
     )
     if won and status in RETRYABLE_STATES:
         create_retry_if_allowed(execution, now=now)
     if not won:
-        logger.warning(
-            "fenced: execution %s is no longer ours (claim %s); outcome %s dropped",
-            execution.pk,
-            execution.claim_token,
-            status,
-            extra={"execution": execution.pk, "claim_token": execution.claim_token},
+        _fenced(execution, status)
+    return won
+
+
+def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: datetime) -> set[int]:
+    """``finish`` for many runs: one parametrised UPDATE executed for every row (no query built
+    per row), each conditional on the row still running under this writer's claim token, as
+    ``finish``'s is. Returns the ids written; the others were fenced. Call inside a transaction.
+
+    ``outcomes`` pairs each execution with its ``finish`` keywords (``status`` included)."""
+    if not outcomes:
+        return set()
+    meta = JobExecution._meta
+    names = [
+        "status",
+        "started_at",
+        "finished_at",
+        "duration_ms",
+        "result",
+        "error",
+        "traceback",
+        "output",
+        "reason",
+        "updated_at",
+    ]
+    fields = [meta.get_field(name) for name in names]
+    quote = connection.ops.quote_name
+    # Only the model's own table and column names go into the text; every value is a parameter.
+    assignments = ", ".join(f"{quote(field.column)} = %s" for field in fields)
+    condition = f"{quote('id')} = %s AND {quote('status')} = %s AND {quote('claim_token')} = %s"
+    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {condition}"  # noqa: S608
+    stamp = timezone_now()
+    rows, wanted = [], {}
+    for execution, outcome in outcomes:
+        check_transition(S.RUNNING, outcome["status"])
+        values = _outcome_fields(execution, now=now, **outcome)
+        values["updated_at"] = stamp
+        wanted[execution.pk] = values["status"]
+        rows.append(
+            [field.get_db_prep_save(values[field.name], connection) for field in fields]
+            + [execution.pk, S.RUNNING, execution.claim_token]
         )
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+        matched = cursor.rowcount
+    if matched == len(rows):
+        won = set(wanted)
+    else:
+        # Some rows were no longer ours: the ones written carry this writer's outcome and time.
+        won = {
+            pk
+            for pk, status, finished_at in JobExecution.objects.filter(pk__in=list(wanted))
+            .values_list("pk", "status", "finished_at")
+            .iterator()
+            if status == wanted[pk] and finished_at == now
+        }
+    for execution, outcome in outcomes:
+        status = outcome["status"]
+        if execution.pk not in won:
+            _fenced(execution, status)
+            continue
+        announce(execution_id=execution.pk, job_id=execution.job_id, status=status)
+        if status in RETRYABLE_STATES:
+            create_retry_if_allowed(execution, now=now)
     return won
 
 

@@ -55,6 +55,8 @@ class Trigger(models.TextChoices):
     MANUAL = "manual", "Manual"
     RETRY = "retry", "Retry"
     API = "api", "API"
+    # One of many runs submitted together through the enqueue API, each with arguments of its own.
+    ENQUEUE = "enqueue", "Enqueued"
 
 
 class Job(models.Model):
@@ -189,6 +191,9 @@ class JobExecution(models.Model):
     error = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     output = models.TextField(blank=True, default="")  # bounded to MAX_OUTPUT_CHARS by the writer
+    # This run's own arguments (an enqueued run, and its retries); NULL means the job's.
+    args = models.JSONField(null=True, blank=True)
+    kwargs = models.JSONField(null=True, blank=True)
 
     objects = ExecutionQuerySet.as_manager()
 
@@ -219,6 +224,12 @@ class JobExecution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}@{self.scheduled_for.isoformat()}#{self.attempt}"
+
+    def call_arguments(self) -> tuple[list, dict]:
+        """The arguments this run's task is called with: its own, else its job's (copies)."""
+        args = self.args if self.args is not None else self.job.args
+        kwargs = self.kwargs if self.kwargs is not None else self.job.kwargs
+        return list(args), dict(kwargs)
 
 
 class AuditSource(models.TextChoices):

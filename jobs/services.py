@@ -18,7 +18,13 @@ from jobs import events, executions, schedules
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
-from jobs.validation import JOB_DEFAULTS, WRITABLE_FIELDS, JobValidationError, clean_job
+from jobs.validation import (
+    JOB_DEFAULTS,
+    WRITABLE_FIELDS,
+    JobValidationError,
+    clean_enqueued_run,
+    clean_job,
+)
 
 ERR_VERSION_CONFLICT = (
     "The job was changed by someone else (your version {expected}, current version {current}). "
@@ -428,6 +434,72 @@ def job_trigger(*, job_id: int, by: Actor, now: datetime | None = None) -> JobEx
         )
         events.send_after_commit(events.job_changed, job_id=job_id, change="triggered")
     return execution
+
+
+# One enqueue request is one transaction: bounded like a batch of jobs.
+MAX_ENQUEUE_RUNS = 5000
+ERR_ENQUEUE_NOT_LIST = "Expected a list of runs."
+ERR_ENQUEUE_EMPTY = "Send at least one run."
+ERR_ENQUEUE_TOO_LARGE = "At most {limit} runs per request; this one has {count}."
+ERR_ENQUEUE_ITEM_NOT_OBJECT = "Each run must be an object (send {} for the job's own arguments)."
+# Attempts at inserting enqueued runs when a concurrent writer took one of their slots.
+ENQUEUE_ATTEMPTS = 3
+
+
+@retry_on_conflict
+def runs_enqueue(
+    *, job_id: int, items: Any, by: Actor, now: datetime | None = None
+) -> list[JobExecution]:
+    """Enqueue many runs of a job, each with arguments of its own (what Celery's ``apply_async``
+    is to a task): all or none. Every item is checked against the job's task first (errors keyed
+    ``"<index>.<field>"``); then the runs are inserted in one statement, one audit row records
+    the request, and the nodes are woken once. Works for a paused job, like a manual trigger.
+    Raises Job.DoesNotExist, or JobValidationError with nothing written."""
+    now = now or timezone.now()
+    if not isinstance(items, list):
+        raise JobValidationError({"runs": [ERR_ENQUEUE_NOT_LIST]})
+    if not items:
+        raise JobValidationError({"runs": [ERR_ENQUEUE_EMPTY]})
+    if len(items) > MAX_ENQUEUE_RUNS:
+        raise JobValidationError(
+            {"runs": [ERR_ENQUEUE_TOO_LARGE.format(limit=MAX_ENQUEUE_RUNS, count=len(items))]}
+        )
+    job = Job.objects.get(pk=job_id)
+    errors: dict[str, list[str]] = {}
+    runs: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            errors[f"{index}"] = [ERR_ENQUEUE_ITEM_NOT_OBJECT]
+            continue
+        try:
+            runs.append(
+                clean_enqueued_run(item, task=job.task, job_args=job.args, job_kwargs=job.kwargs)
+            )
+        except JobValidationError as exc:
+            errors.update((f"{index}.{field}", reasons) for field, reasons in exc.errors.items())
+    if errors:
+        raise JobValidationError(errors)
+    for attempt in range(1, ENQUEUE_ATTEMPTS + 1):
+        try:
+            with transaction.atomic():
+                created = executions.create_enqueued(
+                    job, runs, now=now, triggered_by=by.user_or_none
+                )
+                audit_record(
+                    by=by,
+                    action="job.enqueue",
+                    object_type="job",
+                    object_id=job.pk,
+                    object_repr=job.name,
+                    changes={"runs": [None, len(created)]},
+                )
+            return created
+        except IntegrityError:
+            # Another writer took one of the slots after we read them: read them again.
+            if attempt == ENQUEUE_ATTEMPTS:
+                raise
+            now = timezone.now()
+    raise AssertionError("unreachable")
 
 
 @retry_on_conflict

@@ -261,6 +261,62 @@ def _datetime(errors: _Errors, field: str, value: Any) -> datetime | None:
     return parsed
 
 
+def _call_arguments(errors: _Errors, task: str | None, args: Any, kwargs: Any) -> None:
+    """A task call's arguments: they must bind to the task (when it is known) and stay within
+    SCHEDULER_MAX_ARGS_BYTES each, as JSON."""
+    if task is not None:
+        try:
+            registry.validate_task_call(task, args, kwargs)
+        except registry.UnknownTask as exc:
+            errors.add("task", str(exc))
+        except registry.TaskArgumentError as exc:
+            errors.add(exc.field, exc.message)
+    limit = settings.SCHEDULER_MAX_ARGS_BYTES
+    for field, value in (("args", args), ("kwargs", kwargs)):
+        try:
+            size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+        except UnicodeEncodeError:
+            errors.add(field, ERR_NOT_UNICODE)
+            continue
+        except (TypeError, ValueError):
+            errors.add(field, "Must be JSON.")
+            continue
+        if size > limit:
+            errors.add(field, ERR_ARGS_TOO_LARGE.format(size=size, limit=limit))
+
+
+# The fields of one run sent to the enqueue API.
+ENQUEUE_FIELDS = ("args", "kwargs", "run_at", "priority")
+
+
+def clean_enqueued_run(
+    item: dict[str, Any], *, task: str, job_args: list, job_kwargs: dict
+) -> dict[str, Any]:
+    """One run for the enqueue API: ``args``/``kwargs`` (absent: the job's), ``run_at`` (absent:
+    now; a past instant means now too) and ``priority`` (absent: the job's). The call is checked
+    against the task as a job's would be. Returns the cleaned values (None where absent); raises
+    JobValidationError keyed by field."""
+    errors = _Errors()
+    for key in item:
+        if key not in ENQUEUE_FIELDS:
+            errors.add(key, ERR_UNKNOWN_FIELD)
+    args = item.get("args")
+    kwargs = item.get("kwargs")
+    _call_arguments(
+        errors,
+        task,
+        job_args if args is None else args,
+        job_kwargs if kwargs is None else kwargs,
+    )
+    run_at = _datetime(errors, "run_at", item.get("run_at"))
+    priority = _integer(
+        errors, "priority", item.get("priority"), -MAX_PRIORITY, MAX_PRIORITY, nullable=True
+    )
+    if errors.by_field:
+        raise JobValidationError(errors.by_field)
+    return {"args": args, "kwargs": kwargs, "run_at": run_at, "priority": priority}
+
+
 def unknown_fields(data: dict[str, Any]) -> dict[str, list[str]]:
     return {key: [ERR_UNKNOWN_FIELD] for key in data if key not in WRITABLE_FIELDS}
 
@@ -343,24 +399,7 @@ def clean_job(
     args, kwargs = values.get("args"), values.get("kwargs")
     if task is not None:
         out["task"] = task
-        try:
-            registry.validate_task_call(task, args, kwargs)
-        except registry.UnknownTask as exc:
-            errors.add("task", str(exc))
-        except registry.TaskArgumentError as exc:
-            errors.add(exc.field, exc.message)
-    limit = settings.SCHEDULER_MAX_ARGS_BYTES
-    for field, value in (("args", args), ("kwargs", kwargs)):
-        try:
-            size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
-        except UnicodeEncodeError:
-            errors.add(field, ERR_NOT_UNICODE)
-            continue
-        except (TypeError, ValueError):
-            errors.add(field, "Must be JSON.")
-            continue
-        if size > limit:
-            errors.add(field, ERR_ARGS_TOO_LARGE.format(size=size, limit=limit))
+    _call_arguments(errors, task, args, kwargs)
     out["args"], out["kwargs"] = args, kwargs
 
     # --- policies and numbers ----------------------------------------------------------------------

@@ -1,14 +1,16 @@
-"""Run the Celery + redbeat PEER on workloads W1 and W3 of DESIGN §7 and compute its figures.
+"""Run the Celery + redbeat PEER on workloads W1, W2 and W3 of DESIGN §7 and compute its figures.
 
 Importable by the bench runner::
 
-    from bench.peer_celery.run_peer import run_w1, run_w3
+    from bench.peer_celery.run_peer import run_w1, run_w2, run_w3
     run_w1(redis_url: str | None, workdir: Path, jobs=200, warmup_s=10, window_s=40, ...) -> dict
+    run_w2(redis_url: str | None, workdir: Path, *, count=5000, timeout_s=180, ...) -> dict
     run_w3(redis_url: str | None, workdir: Path, jobs=10, lock_timeout_s=None, ...) -> dict
 
 and as a CLI (prints the dict as JSON)::
 
     python -m bench.peer_celery.run_peer w1 --jobs 50 --warmup 3 --window 10
+    python -m bench.peer_celery.run_peer w2 --count 1000
     python -m bench.peer_celery.run_peer w3 --jobs 10 --lock-timeout 2 --after-kill 15
 
 Topology ("3 nodes" on one machine): 3 ``celery beat -S StampingRedBeatScheduler`` processes (only the
@@ -18,7 +20,8 @@ what a user deploys; 4 processes on 2 cores is the usual "a few per core" choice
 default would be 2 = cpu count). Log levels: beat INFO (as the docs show; redbeat logs lock events at
 INFO), worker WARNING (does not handicap the peer with per-task log lines; pass worker_loglevel="INFO"
 to change). Every execution appends "job slot_ts started pid" to a record file (see app.py for what
-slot_ts -- the peer's "due" -- means).
+slot_ts -- the peer's "due" -- means). W2 has no beat: one-off jobs due now are what a Celery user
+sends straight to the queue with ``apply_async`` (slot_ts = the submission time).
 
 If ``redis_url`` is None a private redis-server is started on a free loopback port and stopped by PID.
 All child processes are started in their own session and stopped by PID / their own process group in
@@ -523,6 +526,121 @@ def run_w1(
     return out
 
 
+def analyse_w2(records, count: int, first_submit: float, last_submit: float) -> dict:
+    """W2 figures, the same keys (and definitions) as bench.run.w2 computes for us."""
+    starts = [r[2] for r in records]
+    per_job: dict[str, int] = defaultdict(int)
+    for job, _, _, _ in records:
+        per_job[job] += 1
+    lags_ms = sorted((started - due) * 1000.0 for _, due, started, _ in records if due is not None)
+    wall = (max(starts) - first_submit) if starts else math.nan
+    submit_s = last_submit - first_submit
+    return {
+        "submitted": count,
+        "submit_rate_per_s": count / submit_s if submit_s > 0 else math.nan,
+        "started": len(per_job),
+        "wall_s": wall,
+        "executions_per_s": len(records) / wall if starts and wall > 0 else 0.0,
+        "lag_ms": {
+            "p50": _pct(lags_ms, 50) if lags_ms else math.nan,
+            "p95": _pct(lags_ms, 95) if lags_ms else math.nan,
+            "p99": _pct(lags_ms, 99) if lags_ms else math.nan,
+            "max": lags_ms[-1] if lags_ms else math.nan,
+        },
+        "duplicates": sum(n - 1 for n in per_job.values()),
+        "missing": count - len(per_job),
+    }
+
+
+def _wait_records(path: Path, prefix: str, n: int, timeout_s: float) -> int:
+    """Bounded wait until ``n`` records whose job starts with ``prefix`` exist; returns the count."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        have = sum(1 for r in read_records(path) if r[0].startswith(prefix))
+        if have >= n or time.monotonic() > deadline:
+            return have
+        time.sleep(0.2)
+
+
+def run_w2(
+    redis_url: str | None,
+    workdir: Path,
+    *,
+    count: int = 5000,
+    timeout_s: float = 180,
+    ready_timeout_s: float = 60,
+    pool: str = "prefork",
+    concurrency: int = 4,
+    worker_loglevel: str = "WARNING",
+) -> dict:
+    """W2 burst: ``count`` one-off jobs sent as fast as one client can, each due at its submission.
+
+    The same worker as W1/W3 (no beat). Once the worker has executed ``concurrency`` warm-up tasks
+    (bounded by ``ready_timeout_s``), this process sends ``record.apply_async`` ``count`` times in a
+    loop over one producer connection, each with a unique job id and its own submission time as
+    ``slot_ts``; then waits (bounded by ``timeout_s``) for ``count`` records. Lag = body start -
+    submission time; wall = last start - first submit.
+    """
+    from bench.peer_celery.app import record  # importing only builds the app; no connection yet
+
+    workdir = _prepare(workdir, "w2")
+    namespace = f"peer{uuid.uuid4().hex[:8]}"
+    queue = f"{namespace}-celery"
+    record_file = workdir / "records.txt"
+    redis_proc = worker = None
+    ready = False
+    first_submit = last_submit = math.nan
+    try:
+        if redis_url is None:
+            redis_proc, redis_url = _start_redis(workdir)
+        env = _env(redis_url, record_file, 0, namespace, workdir / "beats", None, None, 1.0)
+        worker = _spawn_worker(env, workdir, pool, concurrency, worker_loglevel)
+        # This process is the client: its own connection to the run's Redis and queue (the app's
+        # import-time defaults are not used, so a shared Redis / repeated runs stay separate).
+        with record.app.connection_for_write(redis_url) as conn:
+            producer = record.app.amqp.Producer(conn)
+            for i in range(concurrency):
+                record.apply_async(
+                    kwargs={"job": f"warmup-{i}", "slot_ts": time.time()},
+                    producer=producer,
+                    queue=queue,
+                )
+            ready = (
+                _wait_records(record_file, "warmup-", concurrency, ready_timeout_s) >= concurrency
+            )
+            if not ready:
+                raise RuntimeError(f"celery worker not ready after {ready_timeout_s}s")
+            first_submit = time.time()
+            for i in range(count):
+                record.apply_async(
+                    kwargs={"job": f"w2-{i:05d}", "slot_ts": time.time()},
+                    producer=producer,
+                    queue=queue,
+                )
+            last_submit = time.time()
+        _wait_records(record_file, "w2-", count, timeout_s)
+        backlog = _queue_len(redis_url, namespace)
+        worker_alive = worker.poll() is None
+    finally:
+        _stop(worker)
+        if redis_url is not None and redis_proc is None:
+            _cleanup_keys(redis_url, namespace)
+        _stop(redis_proc, grace_s=5)
+    records = [r for r in read_records(record_file) if r[0].startswith("w2-")]
+    out = analyse_w2(records, count, first_submit, last_submit)
+    out.update(
+        workload="W2",
+        peer="celery",
+        worker=f"{pool} x{concurrency}",
+        submit_s=last_submit - first_submit,
+        queue_backlog_at_end=backlog,
+        worker_alive_at_end=worker_alive,
+        worker_pids=len({r[3] for r in records}),
+        workdir=str(workdir),
+    )
+    return out
+
+
 def run_w3(
     redis_url: str | None,
     workdir: Path,
@@ -635,8 +753,24 @@ def main(argv=None) -> int:
             p.add_argument("--after-kill", type=float, default=None)
             p.add_argument("--signal", default="KILL", choices=["KILL", "TERM"])
             p.add_argument("--per-job", action="store_true", help="include per-job figures")
+    p = sub.add_parser("w2")
+    p.add_argument("--redis-url", default=None, help="default: start a private redis-server")
+    p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--count", type=int, default=5000)
+    p.add_argument("--timeout", type=float, default=180)
+    p.add_argument("--pool", default="prefork")
+    p.add_argument("--concurrency", type=int, default=4)
     a = ap.parse_args(argv)
-    if a.workload == "w1":
+    if a.workload == "w2":
+        res = run_w2(
+            a.redis_url,
+            a.workdir,
+            count=a.count,
+            timeout_s=a.timeout,
+            pool=a.pool,
+            concurrency=a.concurrency,
+        )
+    elif a.workload == "w1":
         res = run_w1(
             a.redis_url,
             a.workdir,

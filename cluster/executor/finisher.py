@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import (
     InterfaceError,
@@ -84,8 +85,9 @@ class Finisher:
             try:
                 now = self._now()
                 with transaction.atomic():
-                    for outcome in batch:
-                        _write_one(outcome, now)
+                    executions.finish_batch(
+                        [(outcome.run.execution, _keywords(outcome)) for outcome in batch], now=now
+                    )
                 written = True
             except (OperationalError, InterfaceError) as exc:
                 connection.close()  # reconnect on the next try
@@ -125,15 +127,18 @@ class Finisher:
             )
 
 
+def _keywords(outcome: Outcome) -> dict[str, Any]:
+    """``executions.finish`` keywords of an outcome."""
+    return {
+        "status": outcome.status,
+        "result": outcome.result,
+        "error": outcome.error,
+        "tb": outcome.tb,
+        "output": outcome.output,
+        "reason": outcome.reason,
+        "started": outcome.started,
+    }
+
+
 def _write_one(outcome: Outcome, now: datetime) -> bool:
-    return executions.finish(
-        outcome.run.execution,
-        status=outcome.status,
-        now=now,
-        result=outcome.result,
-        error=outcome.error,
-        tb=outcome.tb,
-        output=outcome.output,
-        reason=outcome.reason,
-        started=outcome.started,
-    )
+    return executions.finish(outcome.run.execution, now=now, **_keywords(outcome))

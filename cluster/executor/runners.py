@@ -129,7 +129,8 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
     try:
         try:
             spec = registry.get_task(job.task)
-            value = call_task(spec, list(job.args), dict(job.kwargs), context)
+            args, kwargs = run.execution.call_arguments()
+            value = call_task(spec, args, kwargs, context)
         finally:
             stdout.detach()  # the last, unterminated line belongs to the outcome's output
     except BaseException as exc:
@@ -173,9 +174,10 @@ def body_in_process(host: RunHost, run: ActiveRun) -> None:
         "attempt": execution.attempt,
         "scheduled_for": execution.scheduled_for,
     }
+    args, kwargs = execution.call_arguments()
     process = ctx.Process(
         target=run_task,
-        args=(job.task, list(job.args), dict(job.kwargs), meta, child_conn),
+        args=(job.task, args, kwargs, meta, child_conn),
         daemon=True,
     )
     _wait_for_start(host.clock, run)

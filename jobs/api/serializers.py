@@ -104,6 +104,32 @@ class JobBatchResultSerializer(serializers.Serializer):
     jobs = JobSerializer(many=True)
 
 
+class EnqueuedRunSerializer(serializers.Serializer):
+    """One run to enqueue (schema only: the service checks each against the job's task)."""
+
+    args = serializers.ListField(
+        required=False, help_text="Positional arguments of this run; absent: the job's."
+    )
+    kwargs = serializers.DictField(
+        required=False, help_text="Keyword arguments of this run; absent: the job's."
+    )
+    run_at = serializers.DateTimeField(
+        required=False, help_text="Not before this instant (with a zone); absent or past: now."
+    )
+    priority = serializers.IntegerField(
+        required=False, min_value=-1000, max_value=1000, help_text="Absent: the job's."
+    )
+
+
+class EnqueueSerializer(serializers.Serializer):
+    runs = EnqueuedRunSerializer(many=True, help_text="Up to 5,000 runs.")
+
+
+class EnqueueResultSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    ids = serializers.ListField(child=serializers.IntegerField(), help_text="In the order sent.")
+
+
 class ExecutionSerializer(serializers.ModelSerializer):
     job_name = serializers.CharField(source="job.name", read_only=True)
     triggered_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -135,6 +161,8 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "finished_at",
             "duration_ms",
             "lag_ms",
+            "args",
+            "kwargs",
             "result",
             "error",
             "traceback",

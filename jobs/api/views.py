@@ -20,6 +20,8 @@ from rest_framework.views import APIView
 from jobs import schedules, services
 from jobs.api.serializers import (
     AuditEventSerializer,
+    EnqueueResultSerializer,
+    EnqueueSerializer,
     ExecutionSerializer,
     JobBatchResultSerializer,
     JobBatchSerializer,
@@ -98,7 +100,12 @@ class JobViewSet(viewsets.ModelViewSet):
     filterset_class = JobFilter
     search_fields = ["name", "description", "task"]
     ordering_fields = ["name", "next_fire_at", "created_at", "updated_at", "priority"]
-    role_by_action = {"trigger": OPERATOR, "pause": OPERATOR, "resume": OPERATOR}
+    role_by_action = {
+        "trigger": OPERATOR,
+        "enqueue": OPERATOR,
+        "pause": OPERATOR,
+        "resume": OPERATOR,
+    }
 
     @extend_schema(request=JobWriteSerializer, responses={201: JobSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -163,6 +170,26 @@ class JobViewSet(viewsets.ModelViewSet):
     def trigger(self, request: Request, pk: str | None = None) -> Response:
         execution = services.job_trigger(job_id=self.get_object().pk, by=actor_from(request))
         return Response(ExecutionSerializer(execution).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=EnqueueSerializer,
+        responses={201: EnqueueResultSerializer},
+        description=(
+            "Enqueue up to 5,000 runs of this job, each with arguments of its own (absent: the "
+            "job's), all or none: a bad run refuses the request (400, errors keyed "
+            "`<index>.<field>`) and nothing is written. Runs are due at `run_at` (absent or past: "
+            "now) and follow the job's queue, timeout, retries and concurrency policy."
+        ),
+    )
+    @action(detail=True, methods=["post"])
+    def enqueue(self, request: Request, pk: str | None = None) -> Response:
+        body = _body(request)
+        runs = services.runs_enqueue(
+            job_id=self.get_object().pk, items=body.get("runs"), by=actor_from(request)
+        )
+        return Response(
+            {"count": len(runs), "ids": [run.pk for run in runs]}, status=status.HTTP_201_CREATED
+        )
 
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])

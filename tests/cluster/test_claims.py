@@ -14,7 +14,14 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs.executions import backoff_delay, claim_batch, finish, hand_back
+from jobs.executions import (
+    backoff_delay,
+    claim_batch,
+    finish,
+    finish_batch,
+    hand_back,
+    start_batch,
+)
 from jobs.models import Job, JobExecution, Trigger
 from jobs.services import SYSTEM, job_create
 from jobs.states import ExecutionStatus
@@ -280,6 +287,80 @@ def test_finish_with_the_right_token_records_the_outcome():
     assert JobExecution.objects.count() == 1  # no retry after a success
     # A second finish (a duplicate delivery) is refused: the row left RUNNING.
     assert finish_execution(execution, status=S.FAILED, now=NOW) is False
+
+
+def test_finish_batch_writes_the_runs_still_ours_and_fences_the_rest(django_assert_max_num_queries):
+    job = make_job(max_retries=1, retry_jitter=False)
+    ours = [
+        JobExecution.objects.select_related("job").get(
+            pk=add_execution(
+                job,
+                slot=NOW - (5 + k) * SECOND,
+                status=S.RUNNING,
+                node=NODE,
+                claim_token=f"token-{k}",
+                started_at=STARTED,
+            ).pk
+        )
+        for k in range(3)
+    ]
+    stale = ours[2]
+    stale.claim_token = "token-of-a-previous-claim"
+    before_stale = JobExecution.objects.filter(pk=stale.pk).values().get()
+    actual = NOW - SECOND
+
+    with django_assert_max_num_queries(8), transaction.atomic():
+        won = finish_batch(
+            [
+                (
+                    ours[0],
+                    {"status": S.SUCCEEDED, "result": {"n": 1}, "started": actual.timestamp()},
+                ),
+                (ours[1], {"status": S.FAILED, "error": "boom", "output": "line\n"}),
+                (stale, {"status": S.SUCCEEDED}),
+            ],
+            now=NOW,
+        )
+
+    assert won == {ours[0].pk, ours[1].pk}
+    first, second = (JobExecution.objects.get(pk=e.pk) for e in ours[:2])
+    assert (first.status, first.result, first.started_at) == (S.SUCCEEDED, {"n": 1}, actual)
+    assert first.duration_ms == pytest.approx(1000.0)
+    assert (second.status, second.error, second.output) == (S.FAILED, "boom", "line\n")
+    assert second.started_at == STARTED and second.finished_at == NOW
+    # The failure's next attempt, as finish() schedules it; none for the success.
+    retries = JobExecution.objects.filter(job=job, attempt=2)
+    assert [r.scheduled_for for r in retries] == [second.scheduled_for]
+    assert JobExecution.objects.filter(pk=stale.pk).values().get() == before_stale
+
+
+def test_finish_batch_of_runs_all_ours_reads_nothing_back(django_assert_num_queries):
+    job = make_job()
+    run = running_execution(job)
+    with django_assert_num_queries(1):
+        assert finish_batch([(run, {"status": S.SUCCEEDED})], now=NOW) == {run.pk}
+
+
+def test_start_batch_starts_the_claimed_rows_and_not_one_cancelled_meanwhile():
+    job = make_job(concurrency_policy="allow")
+    for k in range(3):
+        add_execution(job, slot=timezone.now() - (k + 1) * SECOND)
+    claimed = claim()
+    cancelled = claimed[1]
+    JobExecution.objects.filter(pk=cancelled.pk).update(status=S.CANCELLED)
+    planned = timezone.now()
+
+    won = start_batch(claimed, planned=planned)
+
+    assert won == {claimed[0].pk, claimed[2].pk}
+    rows = {row.pk: row for row in JobExecution.objects.all()}
+    assert rows[claimed[0].pk].status == rows[claimed[2].pk].status == S.RUNNING
+    assert rows[claimed[0].pk].started_at == planned
+    assert rows[cancelled.pk].status == S.CANCELLED
+    # A token of another claim does not start a row either.
+    JobExecution.objects.filter(pk=claimed[0].pk).update(status=S.PENDING)
+    claimed[0].claim_token = "someone-else"
+    assert start_batch([claimed[0]], planned=planned) == set()
 
 
 def test_finish_uses_the_actual_start_time_when_given():

@@ -207,6 +207,20 @@ def test_a_task_result_is_stored(executor, tmp_path):
     assert recorded_ids(tmp_path / "r") == [execution.pk]
 
 
+def test_enqueued_runs_call_the_task_with_their_own_arguments(executor, tmp_path):
+    job = make_job("enqueued", "test.record", kwargs={"path": str(tmp_path / "job")})
+    runs = services.runs_enqueue(
+        job_id=job.pk,
+        items=[{"kwargs": {"path": str(tmp_path / "own")}}, {}],
+        by=SYSTEM,
+    )
+    assert executor.claim_once() == 2
+    for run in runs:
+        assert wait_for_status(run, TERMINAL_STATES).status == S.SUCCEEDED
+    assert recorded_ids(tmp_path / "own") == [runs[0].pk]
+    assert recorded_ids(tmp_path / "job") == [runs[1].pk]
+
+
 def test_a_failing_task_is_failed_with_error_and_traceback(executor):
     execution = submit(make_job("fail", "test.fail", kwargs={"message": "kaput"}))
 

@@ -1,0 +1,232 @@
+"""The enqueue API: many runs of one job, each with arguments of its own (Celery's ``apply_async``
+for a scheduler). All or none, errors keyed by item, one INSERT, slots unique per job, and the
+runs' own arguments used by the body and kept by their retries."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError
+from django.utils import timezone
+
+import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
+from jobs import executions, services
+from jobs.models import AuditEvent, Job, JobExecution, Trigger
+from jobs.services import (
+    ERR_ENQUEUE_EMPTY,
+    ERR_ENQUEUE_ITEM_NOT_OBJECT,
+    ERR_ENQUEUE_NOT_LIST,
+    MAX_ENQUEUE_RUNS,
+    SYSTEM,
+    runs_enqueue,
+)
+from jobs.states import ExecutionStatus
+from jobs.validation import ERR_UNKNOWN_FIELD, JobValidationError
+
+pytestmark = pytest.mark.django_db
+
+S = ExecutionStatus
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def make_job(task: str = "test.record", **fields: object) -> Job:
+    return services.job_create(
+        data={
+            "name": "target",
+            "task": task,
+            "kwargs": {"path": "/tmp/default"},
+            "schedule_type": "interval",
+            "interval_seconds": 3600,
+            **fields,
+        },
+        by=SYSTEM,
+    )
+
+
+def test_runs_are_inserted_pending_with_their_own_arguments_and_one_audit_row():
+    job = make_job()
+    now = timezone.now()
+    created = runs_enqueue(
+        job_id=job.pk,
+        items=[{"kwargs": {"path": f"/tmp/{k}"}} for k in range(3)] + [{}],
+        by=SYSTEM,
+        now=now,
+    )
+    assert len(created) == 4 and all(run.pk for run in created)
+    rows = list(JobExecution.objects.filter(job=job).order_by("scheduled_for"))
+    assert [row.pk for row in rows] == [run.pk for run in created]  # slots keep the order sent
+    assert {row.status for row in rows} == {S.PENDING}
+    assert {row.trigger for row in rows} == {Trigger.ENQUEUE}
+    assert [row.kwargs for row in rows] == [{"path": f"/tmp/{k}"} for k in range(3)] + [None]
+    # Absent arguments are the job's, read when the run starts.
+    assert rows[3].call_arguments() == ([], {"path": "/tmp/default"})
+    assert rows[0].call_arguments() == ([], {"path": "/tmp/0"})
+    # Due now, a microsecond apart: unique per job, in the order sent.
+    assert rows[0].scheduled_for == now
+    assert [row.scheduled_for - now for row in rows] == [
+        timedelta(microseconds=k) for k in range(4)
+    ]
+    assert all(row.run_after == row.scheduled_for for row in rows)
+    audit = AuditEvent.objects.get(action="job.enqueue")
+    assert (audit.object_id, audit.changes) == (str(job.pk), {"runs": [None, 4]})
+
+
+def test_a_second_request_at_the_same_instant_takes_the_next_free_slots():
+    job = make_job()
+    now = timezone.now()
+    first = runs_enqueue(job_id=job.pk, items=[{}, {}], by=SYSTEM, now=now)
+    second = runs_enqueue(job_id=job.pk, items=[{}, {}], by=SYSTEM, now=now)
+    slots = [run.scheduled_for for run in first + second]
+    assert slots == [now + timedelta(microseconds=k) for k in range(4)]
+
+
+def test_a_slot_taken_by_a_concurrent_writer_is_retried_not_half_written(monkeypatch):
+    job = make_job()
+    real = executions.create_enqueued
+    calls = []
+
+    def racing(job, runs, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise IntegrityError("duplicate entry for execution_unique_fire")
+        return real(job, runs, **kwargs)
+
+    monkeypatch.setattr(executions, "create_enqueued", racing)
+    created = runs_enqueue(job_id=job.pk, items=[{}, {}, {}], by=SYSTEM)
+    assert len(calls) == 2
+    assert JobExecution.objects.filter(job=job).count() == len(created) == 3
+    assert AuditEvent.objects.filter(action="job.enqueue").count() == 1
+
+
+def test_run_at_and_priority_per_run_and_a_past_run_at_means_now():
+    job = make_job(priority=5)
+    now = timezone.now()
+    later = now + timedelta(minutes=5)
+    created = runs_enqueue(
+        job_id=job.pk,
+        items=[
+            {"run_at": later.isoformat(), "priority": -3},
+            {"run_at": (now - timedelta(days=1)).isoformat()},
+        ],
+        by=SYSTEM,
+        now=now,
+    )
+    first, second = (JobExecution.objects.get(pk=run.pk) for run in created)
+    assert (first.run_after, first.priority) == (later, -3)
+    assert (second.run_after, second.priority) == (now, 5)
+
+
+def test_one_bad_run_refuses_the_request_with_errors_keyed_by_item():
+    job = make_job()
+    items = [
+        {"kwargs": {"path": "/tmp/ok"}},
+        {"kwargs": {"wrong": 1}},
+        "not an object",
+        {"args": "not a list"},
+        {"run_at": "yesterday", "priority": 5000, "colour": "red"},
+    ]
+    with pytest.raises(JobValidationError) as raised:
+        runs_enqueue(job_id=job.pk, items=items, by=SYSTEM)
+    errors = raised.value.errors
+    assert set(errors) == {
+        "1.kwargs",
+        "2",
+        "3.args",
+        "4.run_at",
+        "4.priority",
+        "4.colour",
+    }, errors
+    assert errors["2"] == [ERR_ENQUEUE_ITEM_NOT_OBJECT]
+    assert errors["4.colour"] == [ERR_UNKNOWN_FIELD]
+    assert not JobExecution.objects.exists()
+    assert not AuditEvent.objects.filter(action="job.enqueue").exists()
+
+
+@pytest.mark.parametrize(
+    ("items", "error"),
+    [([], ERR_ENQUEUE_EMPTY), ({"kwargs": {}}, ERR_ENQUEUE_NOT_LIST), (None, ERR_ENQUEUE_NOT_LIST)],
+)
+def test_an_empty_or_malformed_request_is_refused(items, error):
+    job = make_job()
+    with pytest.raises(JobValidationError) as raised:
+        runs_enqueue(job_id=job.pk, items=items, by=SYSTEM)
+    assert raised.value.errors == {"runs": [error]}
+
+
+def test_an_oversized_request_is_refused():
+    job = make_job()
+    with pytest.raises(JobValidationError) as raised:
+        runs_enqueue(job_id=job.pk, items=[{}] * (MAX_ENQUEUE_RUNS + 1), by=SYSTEM)
+    assert list(raised.value.errors) == ["runs"]
+    assert not JobExecution.objects.exists()
+
+
+def test_five_thousand_runs_cost_a_few_statements(django_assert_max_num_queries):
+    job = make_job()
+    # On SQLite a bulk insert is split by its 999 bound variables: a few dozen statements.
+    with django_assert_max_num_queries(200):
+        runs_enqueue(job_id=job.pk, items=[{"args": []}] * MAX_ENQUEUE_RUNS, by=SYSTEM)
+    assert JobExecution.objects.filter(job=job).count() == MAX_ENQUEUE_RUNS
+
+
+def test_a_retry_of_an_enqueued_run_keeps_its_arguments():
+    job = make_job(max_retries=1)
+    (run,) = runs_enqueue(job_id=job.pk, items=[{"kwargs": {"path": "/tmp/own"}}], by=SYSTEM)
+    run = JobExecution.objects.select_related("job").get(pk=run.pk)
+    retry = executions.create_retry_if_allowed(run, now=timezone.now())
+    assert retry is not None and retry.kwargs == {"path": "/tmp/own"}
+    again = executions.create_retry_now(retry, run_after=timezone.now())
+    assert again.kwargs == {"path": "/tmp/own"}
+
+
+# --- the API ------------------------------------------------------------------------------------
+
+
+def test_the_api_enqueues_for_an_operator(api_client_for):
+    job = make_job()
+    api = api_client_for("operator")
+    response = api.post(
+        f"/api/jobs/{job.pk}/enqueue/",
+        {"runs": [{"kwargs": {"path": "/tmp/a"}}, {"args": [], "kwargs": {"path": "/tmp/b"}}]},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["count"] == 2
+    assert body["ids"] == list(
+        JobExecution.objects.filter(job=job).order_by("scheduled_for").values_list("pk", flat=True)
+    )
+    detail = api.get(f"/api/executions/{body['ids'][1]}/").json()
+    assert (detail["trigger"], detail["kwargs"]) == ("enqueue", {"path": "/tmp/b"})
+    assert AuditEvent.objects.get(action="job.enqueue").source == "api"
+
+
+def test_the_api_refuses_bad_runs_with_per_item_errors(api_client_for):
+    job = make_job()
+    api = api_client_for("operator")
+    response = api.post(
+        f"/api/jobs/{job.pk}/enqueue/", {"runs": [{}, {"kwargs": {"nope": 1}}]}, format="json"
+    )
+    assert response.status_code == 400
+    assert list(response.json()) == ["1.kwargs"]
+    response = api.post(f"/api/jobs/{job.pk}/enqueue/", {"runs": "x"}, format="json")
+    assert response.status_code == 400 and response.json() == {"runs": [ERR_ENQUEUE_NOT_LIST]}
+    assert not JobExecution.objects.exists()
+
+
+def test_the_api_enqueue_needs_the_operator_role_and_a_job(api_client_for):
+    job = make_job()
+    response = api_client_for("viewer").post(
+        f"/api/jobs/{job.pk}/enqueue/", {"runs": [{}]}, format="json"
+    )
+    assert response.status_code == 403
+    response = api_client_for("operator").post(
+        f"/api/jobs/{job.pk + 1000}/enqueue/", {"runs": [{}]}, format="json"
+    )
+    assert response.status_code == 404
+    assert not JobExecution.objects.exists()
