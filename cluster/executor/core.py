@@ -513,17 +513,21 @@ class Executor:
                 executions.hand_back(item.execution)
                 self._forget(item.execution.pk)
             return
-        by_due: dict[float, list[Scheduled]] = {}
+        # Marked running just before the due instant, one statement per planned start (runs
+        # already due share one: now), all in one transaction: one commit per batch, not one per
+        # run (runs enqueued together are due a microsecond apart, and a commit costs
+        # milliseconds). A row cancelled or taken meanwhile does not match and does not start.
+        now = self.clock.now()
+        by_planned: dict[float, list[Scheduled]] = {}
         for item, _ in starts:
-            by_due.setdefault(item.due, []).append(item)
+            by_planned.setdefault(max(item.due, now), []).append(item)
         won: set[int] = set()
-        for due, group in by_due.items():
-            # Marked running just before the due instant, all in one statement; a row cancelled
-            # or taken meanwhile does not match and its run does not start.
-            won |= executions.start_batch(
-                [item.execution for item in group],
-                planned=datetime.fromtimestamp(max(due, self.clock.now()), tz=UTC),
-            )
+        with transaction.atomic():
+            for planned, group in by_planned.items():
+                won |= executions.start_batch(
+                    [item.execution for item in group],
+                    planned=datetime.fromtimestamp(planned, tz=UTC),
+                )
         runs: list[ActiveRun] = []
         for item, lock in starts:
             execution = item.execution

@@ -9,7 +9,9 @@ through ``may_start`` (the self-fence, just before the body) and ``complete`` (q
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import queue
 import threading
 import time
 import traceback
@@ -27,7 +29,11 @@ from jobs.models import Isolation
 from jobs.states import ExecutionStatus
 from scheduler_project.logging import execution_context
 
+logger = logging.getLogger(__name__)
+
 S = ExecutionStatus
+# A worker thread with nothing to run for this long ends (seconds).
+WORKER_IDLE_S = 30.0
 # Event.wait may overshoot by a millisecond or so: sleep to this close to the instant, then spin.
 SPIN_S = 0.0015
 # A gated task also starts by itself this long after its instant if the gate never opens.
@@ -65,19 +71,65 @@ def wait_until(clock: Clock, instant: float) -> None:
         pass
 
 
+class Workers:
+    """Threads kept for reuse: a call goes to an idle thread when there is one, else to a new
+    thread (never queued behind a busy one: a body may run for hours); a thread idle for
+    ``idle_s`` ends. Starting a thread per run cost more than the run itself for short tasks."""
+
+    def __init__(self, name: str = "task", idle_s: float = WORKER_IDLE_S) -> None:
+        self.name = name
+        self.idle_s = idle_s
+        self._calls: queue.SimpleQueue[tuple[Callable[..., None], tuple]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, func: Callable[..., None], *args: object) -> None:
+        with self._lock:
+            if self._idle:
+                # Put under the lock: the idle thread counted here cannot end before taking it.
+                self._idle -= 1
+                self._calls.put((func, args))
+                return
+        threading.Thread(target=self._work, args=(func, args), name=self.name, daemon=True).start()
+
+    def _work(self, func: Callable[..., None], args: tuple) -> None:
+        while True:
+            try:
+                func(*args)
+            except BaseException:
+                logger.exception("a worker's call failed")
+            with self._lock:
+                self._idle += 1
+            try:
+                func, args = self._calls.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    try:
+                        # Handed over between the timeout and the lock: still ours to run.
+                        func, args = self._calls.get_nowait()
+                    except queue.Empty:
+                        self._idle -= 1
+                        return
+
+
 class ThreadRunner:
-    """A thread per run. One gate per due instant: a single thread waits for the instant and
-    opens it, and every task due then is released together (many threads spinning on the clock
-    would fight over the GIL and delay each other)."""
+    """A worker thread per running run (reused, see ``Workers``). One gate per due instant still
+    ahead: a single thread waits for the instant and opens it, and every task due then is
+    released together (many threads spinning on the clock would fight over the GIL and delay
+    each other). A run already due starts at once, with no gate."""
+
+    def __init__(self) -> None:
+        self.workers = Workers()
 
     def launch(self, host: RunHost, runs: list[ActiveRun]) -> None:
         gates: dict[float, threading.Event] = {}
+        now = host.clock.now()
         for run in runs:
+            if run.due <= now:
+                continue
             if run.due not in gates:
                 gate = gates[run.due] = threading.Event()
-                threading.Thread(
-                    target=_open_gate, args=(host.clock, run.due, gate), daemon=True
-                ).start()
+                self.workers.submit(_open_gate, host.clock, run.due, gate)
             run.gate = gates[run.due]
         for run in runs:
             body = (
@@ -85,18 +137,14 @@ class ThreadRunner:
                 if run.execution.job.isolation == Isolation.PROCESS
                 else body_in_thread
             )
-            threading.Thread(
-                target=_with_context,
-                args=(body, host, run),
-                name=f"task-{run.execution.pk}",
-                daemon=True,
-            ).start()
+            self.workers.submit(_with_context, body, host, run)
 
 
 def _with_context(
     body: Callable[[RunHost, ActiveRun], None], host: RunHost, run: ActiveRun
 ) -> None:
     """Run ``body`` with the run's ids on every line this thread logs (the task's own too)."""
+    threading.current_thread().name = f"task-{run.execution.pk}"
     with execution_context(execution=run.execution.pk, job=run.execution.job_id):
         body(host, run)
 

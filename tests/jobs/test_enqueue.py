@@ -203,6 +203,8 @@ def test_the_api_enqueues_for_an_operator(api_client_for):
     )
     detail = api.get(f"/api/executions/{body['ids'][1]}/").json()
     assert (detail["trigger"], detail["kwargs"]) == ("enqueue", {"path": "/tmp/b"})
+    assert detail["triggered_by"] == api.user.username
+    assert detail["status"] == "pending" and detail["created_at"] is not None
     assert AuditEvent.objects.get(action="job.enqueue").source == "api"
 
 

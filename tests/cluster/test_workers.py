@@ -1,0 +1,71 @@
+"""The runner's reusable worker threads: a call never waits behind a busy thread, an idle thread is
+reused, a failing call does not end its thread, and idle threads end."""
+
+from __future__ import annotations
+
+import threading
+
+from cluster.executor.runners import Workers
+
+WAIT_S = 5.0
+
+
+def test_an_idle_thread_is_reused_and_a_busy_one_is_not_waited_for():
+    workers = Workers(idle_s=WAIT_S)
+    seen: list[int] = []
+    done = threading.Event()
+    workers.submit(lambda: (seen.append(threading.get_ident()), done.set()))
+    assert done.wait(WAIT_S)
+    # The first thread is idle again once it counted itself idle: the next call goes to it.
+    for _ in range(200):
+        if workers._idle == 1:
+            break
+        threading.Event().wait(0.01)
+    release = threading.Event()
+    blocked = threading.Event()
+    workers.submit(lambda: (seen.append(threading.get_ident()), blocked.set(), release.wait()))
+    assert blocked.wait(WAIT_S)
+    assert seen[1] == seen[0]
+    # That thread is now busy (blocked): another call must not wait for it.
+    second = threading.Event()
+    workers.submit(lambda: (seen.append(threading.get_ident()), second.set()))
+    assert second.wait(WAIT_S)
+    assert seen[2] != seen[0]
+    release.set()
+
+
+def test_a_failing_call_does_not_end_its_thread():
+    workers = Workers(idle_s=WAIT_S)
+    idents: list[int] = []
+    failed = threading.Event()
+
+    def fail() -> None:
+        idents.append(threading.get_ident())
+        failed.set()
+        raise RuntimeError("task bug")
+
+    workers.submit(fail)
+    assert failed.wait(WAIT_S)
+    for _ in range(200):
+        if workers._idle == 1:
+            break
+        threading.Event().wait(0.01)
+    again = threading.Event()
+    workers.submit(lambda: (idents.append(threading.get_ident()), again.set()))
+    assert again.wait(WAIT_S)
+    assert idents[0] == idents[1]
+
+
+def test_idle_threads_end_and_a_later_call_still_runs():
+    workers = Workers(idle_s=0.05)
+    ran = threading.Event()
+    workers.submit(ran.set)
+    assert ran.wait(WAIT_S)
+    for _ in range(500):
+        if workers._idle == 0 and not any(t.name == "task" for t in threading.enumerate()):
+            break
+        threading.Event().wait(0.01)
+    assert workers._idle == 0
+    later = threading.Event()
+    workers.submit(later.set)
+    assert later.wait(WAIT_S)
