@@ -910,14 +910,22 @@ def test_runs_waiting_their_turn_do_not_hold_the_capacity_the_older_fire_needs(t
         path = tmp_path / "r"
         job = make_job("in-order", "test.record", kwargs={"path": str(path)})
         now = timezone.now()
-        newer = submit(job, scheduled_for=now, run_after=now, trigger=Trigger.SCHEDULE)
-        assert runner.claim_once() == 1
+        # The older fire exists from the start (claimed by a node that then died), so the newer
+        # one's admission, however fast, always finds it: it is handed back only after the
+        # newer fire is claimed. (Submitting it after the claim raced the starter: on a loaded
+        # machine the newer fire had started before the older one existed.)
         older = submit(
             job,
             scheduled_for=now - timedelta(seconds=1),
             run_after=now - timedelta(seconds=1),
             trigger=Trigger.SCHEDULE,
+            node="dead-node",
+            claim_token="dead-node-claim",
+            claimed_at=now - timedelta(seconds=1),
         )
+        newer = submit(job, scheduled_for=now, run_after=now, trigger=Trigger.SCHEDULE)
+        assert runner.claim_once() == 1
+        assert executions.hand_back_nodes(["dead-node"]) == 1
         # The node's claim loop: the newer fire gives its claim back while the older one is
         # unclaimed, and both are claimed again, oldest first.
         wait_for(
