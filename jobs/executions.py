@@ -49,6 +49,21 @@ def announce(*, execution_id: int, job_id: int, status: str) -> None:
     )
 
 
+def announce_many(changes: list[tuple[int, int, str]]) -> None:
+    """``announce`` for many executions ((execution_id, job_id, status) each), with one
+    after-commit hook for all of them (a hook costs more than the signal it sends)."""
+    if not changes:
+        return
+
+    def send() -> None:
+        for execution_id, job_id, status in changes:
+            events.execution_changed.send_robust(
+                sender=None, execution_id=execution_id, job_id=job_id, status=status
+            )
+
+    transaction.on_commit(send)
+
+
 def transition(
     execution_id: int,
     *,
@@ -438,7 +453,7 @@ def start_batch(group: list[JobExecution], *, planned: datetime) -> set[int]:
     for execution in group:
         if execution.pk in won:
             execution.status, execution.started_at = S.RUNNING, planned
-            announce(execution_id=execution.pk, job_id=execution.job_id, status=S.RUNNING)
+    announce_many([(e.pk, e.job_id, S.RUNNING) for e in group if e.pk in won])
     return won
 
 
@@ -591,10 +606,9 @@ def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: da
         status = outcome["status"]
         if execution.pk not in won:
             _fenced(execution, status)
-            continue
-        announce(execution_id=execution.pk, job_id=execution.job_id, status=status)
-        if status in RETRYABLE_STATES:
+        elif status in RETRYABLE_STATES:
             create_retry_if_allowed(execution, now=now)
+    announce_many([(e.pk, e.job_id, o["status"]) for e, o in outcomes if e.pk in won])
     return won
 
 

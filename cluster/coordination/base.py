@@ -144,6 +144,17 @@ class CoordinationBackend(abc.ABC):
         """``extend_lock`` for each handle, in order; results as for ``acquire_locks``."""
         return _each(lambda handle: self.extend_lock(handle, ttl_ms), handles)
 
+    def release_locks(self, handles: Sequence[LockHandle]) -> list[bool | CoordinationError]:
+        """``release_lock`` for each handle, in order: whether it was still ours, or the
+        CoordinationError that kept the backend from answering (the lock then expires)."""
+        results: list[bool | CoordinationError] = []
+        for handle in handles:
+            try:
+                results.append(self.release_lock(handle))
+            except CoordinationError as exc:
+                results.append(exc)
+        return results
+
     # --- presence ---------------------------------------------------------------------------------
     @abc.abstractmethod
     def heartbeat(self, node_id: str, ttl_ms: int, payload: dict[str, Any]) -> bool:

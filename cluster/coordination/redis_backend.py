@@ -267,6 +267,9 @@ class RedisBackend(CoordinationBackend):
     def release_lock(self, handle: LockHandle) -> bool:
         return self.redlock.release(handle)
 
+    def release_locks(self, handles: Sequence[LockHandle]) -> list[bool | CoordinationError]:
+        return list(self.redlock.release_many(handles))
+
     def acquire_locks(
         self, names: Sequence[str], ttl_ms: int
     ) -> list[LockHandle | CoordinationError | None]:

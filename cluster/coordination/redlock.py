@@ -255,6 +255,21 @@ class Redlock:
                 results[j] = self._quorum_error(keys[position], votes)
         return results
 
+    def release_many(self, handles: Sequence[LockHandle]) -> list[bool]:
+        """Release each lock everywhere, in one round trip per master (in parallel). Per handle:
+        True if it was still ours on a quorum (an unreachable master's copy expires)."""
+        if not handles:
+            return []
+        keys = [self.key(handle.name) for handle in handles]
+        answers = self._pipeline_everywhere(
+            keys,
+            lambda index, pipe: [
+                self._release_scripts[index](keys=[key], args=[handle.token], client=pipe)
+                for key, handle in zip(keys, handles, strict=True)
+            ],
+        )
+        return [_count(answers, j).granted >= self.quorum for j in range(len(handles))]
+
     def _quorum_error(self, key: str, votes: _Votes) -> QuorumLost | None:
         if len(self.clients) - votes.unreachable < self.quorum:
             return QuorumLost(

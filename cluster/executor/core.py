@@ -635,6 +635,10 @@ class Executor:
         self.finisher.put(outcome)
         if lock is not None:
             self._release_lock(lock)
+        # Room again (an outcome waiting for the finisher counts only beyond a budget): the
+        # claim loop looks now, not after the outcome's write (runs beyond a full node's
+        # capacity at a whole second waited for that write, then for their claim).
+        self.on_room()
         return True
 
     def _take_lock(self, run: ActiveRun) -> LockWatchdog | None:

@@ -341,6 +341,36 @@ def test_finish_batch_of_runs_all_ours_reads_nothing_back(django_assert_num_quer
         assert finish_batch([(run, {"status": S.SUCCEEDED})], now=NOW) == {run.pk}
 
 
+def test_batch_writes_announce_each_execution_once_after_commit(
+    django_capture_on_commit_callbacks,
+):
+    from jobs import events
+
+    job = make_job(concurrency_policy="allow")
+    for k in range(3):
+        add_execution(job, slot=timezone.now() - (k + 1) * SECOND)
+    claimed = claim()
+    heard: list[tuple[int, str]] = []
+
+    def receiver(sender, execution_id, job_id, status, **kwargs):
+        heard.append((execution_id, status))
+
+    events.execution_changed.connect(receiver, weak=False)
+    try:
+        with django_capture_on_commit_callbacks(execute=False) as hooks:
+            start_batch(claimed, planned=timezone.now())
+        assert heard == []  # nothing before the commit
+        for hook in hooks:
+            hook()
+        assert sorted(heard) == sorted((e.pk, S.RUNNING) for e in claimed)
+        heard.clear()
+        with django_capture_on_commit_callbacks(execute=True):
+            finish_batch([(e, {"status": S.SUCCEEDED}) for e in claimed], now=timezone.now())
+        assert sorted(heard) == sorted((e.pk, S.SUCCEEDED) for e in claimed)
+    finally:
+        events.execution_changed.disconnect(receiver)
+
+
 def test_start_batch_starts_the_claimed_rows_and_not_one_cancelled_meanwhile():
     job = make_job(concurrency_policy="allow")
     for k in range(3):

@@ -234,6 +234,16 @@ def test_lock_release_by_a_non_owner_is_refused(env: Env) -> None:
     assert env.build().acquire_lock("job:1", LONG_TTL_MS) is not None
 
 
+def test_release_locks_releases_each_lock_still_ours_and_refuses_the_rest(env: Env) -> None:
+    mine = env.backend.acquire_locks(["job:1", "job:2"], LONG_TTL_MS)
+    forged = replace(env.backend.acquire_lock("job:3", LONG_TTL_MS), token="0" * 32)
+    assert env.backend.release_locks([mine[0], forged, mine[1]]) == [True, False, True]
+    assert env.build().acquire_lock("job:1", LONG_TTL_MS) is not None
+    assert env.build().acquire_lock("job:2", LONG_TTL_MS) is not None
+    assert env.build().acquire_lock("job:3", LONG_TTL_MS) is None  # the forged token freed nothing
+    assert env.backend.release_locks([]) == []
+
+
 def test_lock_expiry_frees_it(env: Env) -> None:
     old = env.backend.acquire_lock("job:1", SHORT_TTL_MS)
     env.pass_time(EXPIRY_WAIT_MS)

@@ -354,3 +354,42 @@ def test_one_keeper_keeps_many_locks_alive_and_reports_a_stolen_one(clients, bac
     finally:
         stop.set()
         thread.join(2)
+
+
+def test_the_keeper_releases_queued_locks_together_in_one_round_trip_per_master(
+    clients, backend, monkeypatch
+) -> None:
+    """Bodies ending together hand their locks to the keeper's thread, which releases them in
+    one call (on Redis: one pipeline per master), not one round trip each in each task thread."""
+    keeper = LockKeeper(backend, tick_s=0.5)
+    names = [f"job:{uuid.uuid4().hex[:12]}" for _ in range(10)]
+    watchdogs = [
+        keeper.keep(LockWatchdog(backend, handle, TTL_MS))
+        for handle in backend.acquire_locks(names, TTL_MS)
+    ]
+    calls: list[int] = []
+    real = backend.release_locks
+
+    def counted(handles):
+        calls.append(len(handles))
+        return real(handles)
+
+    monkeypatch.setattr(backend, "release_locks", counted)
+    # Bodies end while the keeper's thread is busy with a pass: their releases queue up.
+    keeper._running.set()
+    for watchdog in watchdogs:
+        keeper.release(watchdog)
+    assert calls == []  # nothing released in the callers' threads
+    assert all(backend.acquire_lock(n, TTL_MS) is None for n in names)  # still held
+    stop = threading.Event()
+    thread = threading.Thread(target=keeper.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 2
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls == [len(names)]  # together, in one call
+        assert all(backend.acquire_lock(n, TTL_MS) is not None for n in names)  # all free
+    finally:
+        stop.set()
+        thread.join(2)
