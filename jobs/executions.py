@@ -201,8 +201,14 @@ def create_enqueued(
     runs due at the same instant are set a microsecond apart, in the order they were sent, and
     clear of the job's existing runs. Raises IntegrityError if a concurrent writer took a slot
     meanwhile (the caller tries again). Announced once, not once per run."""
-    wanted = [max(run["run_at"] or now, now) for run in runs]
     step = timedelta(microseconds=1)
+    # Never a whole second: scheduled fires take those slots (cron always, intervals from a whole
+    # start), and a fire whose slot is already taken is not inserted (create_fires) -- an
+    # enqueued run at 12:00:00 sharp would otherwise cancel the job's own fire of that second.
+    wanted = [
+        instant + step if instant.microsecond == 0 else instant
+        for instant in (max(run["run_at"] or now, now) for run in runs)
+    ]
     taken = set(
         JobExecution.objects.filter(
             job_id=job.pk,
@@ -217,7 +223,7 @@ def create_enqueued(
     resume: dict[datetime, datetime] = {}
     for instant in wanted:
         slot = resume.get(instant, instant)
-        while slot in taken:
+        while slot in taken or slot.microsecond == 0:
             slot += step
         taken.add(slot)
         slots.append(slot)

@@ -50,7 +50,7 @@ def make_job(task: str = "test.record", **fields: object) -> Job:
 
 def test_runs_are_inserted_pending_with_their_own_arguments_and_one_audit_row():
     job = make_job()
-    now = timezone.now()
+    now = timezone.now().replace(microsecond=500_000)  # never a whole second (see below)
     created = runs_enqueue(
         job_id=job.pk,
         items=[{"kwargs": {"path": f"/tmp/{k}"}} for k in range(3)] + [{}],
@@ -78,7 +78,7 @@ def test_runs_are_inserted_pending_with_their_own_arguments_and_one_audit_row():
 
 def test_a_second_request_at_the_same_instant_takes_the_next_free_slots():
     job = make_job()
-    now = timezone.now()
+    now = timezone.now().replace(microsecond=500_000)  # never a whole second (see below)
     first = runs_enqueue(job_id=job.pk, items=[{}, {}], by=SYSTEM, now=now)
     second = runs_enqueue(job_id=job.pk, items=[{}, {}], by=SYSTEM, now=now)
     slots = [run.scheduled_for for run in first + second]
@@ -103,9 +103,21 @@ def test_a_slot_taken_by_a_concurrent_writer_is_retried_not_half_written(monkeyp
     assert AuditEvent.objects.filter(action="job.enqueue").count() == 1
 
 
+def test_an_enqueued_run_never_takes_a_whole_second_slot_of_the_schedule():
+    """A run enqueued for 12:00:00 sharp must not take the slot the job's own fire of that
+    second will be created at (the leader leaves out a fire whose slot has a row)."""
+    job = make_job(schedule_type="cron", cron_expression="* * * * *", interval_seconds=None)
+    sharp = (timezone.now() + timedelta(minutes=2)).replace(second=0, microsecond=0)
+    (run,) = runs_enqueue(job_id=job.pk, items=[{"run_at": sharp.isoformat()}], by=SYSTEM)
+    assert run.scheduled_for == sharp + timedelta(microseconds=1)
+    fire = executions.new_fire(job, sharp, term=1, now=timezone.now())
+    assert executions.create_fires([fire]) == [fire]  # the schedule's own fire still goes in
+    assert JobExecution.objects.filter(job=job, scheduled_for=sharp).count() == 1
+
+
 def test_run_at_and_priority_per_run_and_a_past_run_at_means_now():
     job = make_job(priority=5)
-    now = timezone.now()
+    now = timezone.now().replace(microsecond=500_000)  # never a whole second (see below)
     later = now + timedelta(minutes=5)
     created = runs_enqueue(
         job_id=job.pk,
