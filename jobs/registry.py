@@ -13,6 +13,7 @@ The registry is a module-level dict guarded by a lock; registering is thread-saf
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import threading
@@ -199,6 +200,16 @@ def _is_plain_json(value: Any) -> bool:
 _PLAIN_JSON = "lists, objects with string keys, strings, numbers, booleans and null only"
 
 
+@functools.lru_cache(maxsize=1024)
+def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
+    """``func``'s signature, read once (an enqueue request binds thousands of calls to one task);
+    None when it cannot be inspected."""
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+
+
 def bind_arguments(
     func: Callable[..., Any], args: list, kwargs: dict, *, takes_context: bool = False
 ) -> inspect.BoundArguments | None:
@@ -208,8 +219,10 @@ def bind_arguments(
     inspected, or raises :class:`TaskArgumentError` naming the parameter that does not fit.
     """
     try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):
+        signature = _signature(func)
+    except TypeError:  # an unhashable callable: not cached
+        signature = _signature.__wrapped__(func)
+    if signature is None:
         return None
     if takes_context and "context" in kwargs:
         raise TaskArgumentError("kwargs", "'context' is supplied by the scheduler, not by the job")
