@@ -27,7 +27,7 @@ from django.db.models.functions import Cast, Concat
 from django.utils.timezone import now as timezone_now
 
 from jobs import events
-from jobs.models import MAX_OUTPUT_CHARS, Job, JobExecution, Trigger
+from jobs.models import MAX_OUTPUT_CHARS, Job, JobExecution, ScheduleType, Trigger
 from jobs.schedules import spread_offset
 from jobs.states import RETRYABLE_STATES, ExecutionStatus, check_transition
 
@@ -190,6 +190,35 @@ def create_retry_now(
     return retry
 
 
+def _schedule_phase_us(job: Job) -> int:
+    """The microsecond every fire of ``job``'s schedule falls on."""
+    if job.schedule_type == ScheduleType.INTERVAL and job.start_at is not None:
+        return job.start_at.microsecond
+    if job.schedule_type == ScheduleType.ONCE and job.run_at is not None:
+        return job.run_at.microsecond
+    return 0
+
+
+def _free_slots(
+    wanted: list[datetime], taken: set[datetime], avoid: set[int], step: timedelta
+) -> list[datetime]:
+    """A slot per wanted instant: the first at or after it that is not taken, not on a
+    microsecond in ``avoid``, and not given to an earlier run of the same request."""
+    taken = set(taken)
+    slots = []
+    # Where the search resumes, per wanted instant (linear, not quadratic, in the number of runs
+    # wanting the same instant).
+    resume: dict[datetime, datetime] = {}
+    for instant in wanted:
+        slot = resume.get(instant, instant)
+        while slot in taken or slot.microsecond in avoid:
+            slot += step
+        taken.add(slot)
+        slots.append(slot)
+        resume[instant] = slot + step
+    return slots
+
+
 def create_enqueued(
     job: Job, runs: list[dict[str, Any]], *, now: datetime, triggered_by: Any = None
 ) -> list[JobExecution]:
@@ -202,32 +231,28 @@ def create_enqueued(
     clear of the job's existing runs. Raises IntegrityError if a concurrent writer took a slot
     meanwhile (the caller tries again). Announced once, not once per run."""
     step = timedelta(microseconds=1)
-    # Never a whole second: scheduled fires take those slots (cron always, intervals from a whole
-    # start), and a fire whose slot is already taken is not inserted (create_fires) -- an
-    # enqueued run at 12:00:00 sharp would otherwise cancel the job's own fire of that second.
-    wanted = [
-        instant + step if instant.microsecond == 0 else instant
-        for instant in (max(run["run_at"] or now, now) for run in runs)
-    ]
-    taken = set(
-        JobExecution.objects.filter(
-            job_id=job.pk,
-            attempt=1,
-            scheduled_for__gte=min(wanted),
-            scheduled_for__lte=max(wanted) + step * (len(runs) + ENQUEUE_SLOT_MARGIN),
-        ).values_list("scheduled_for", flat=True)
-    )
-    slots = []
-    # Where the search for a free slot resumes, per wanted instant (linear, not quadratic, in
-    # the number of runs wanting the same instant).
-    resume: dict[datetime, datetime] = {}
-    for instant in wanted:
-        slot = resume.get(instant, instant)
-        while slot in taken or slot.microsecond == 0:
-            slot += step
-        taken.add(slot)
-        slots.append(slot)
-        resume[instant] = slot + step
+    # Clear of the job's own schedule: a fire whose slot already has a row is not inserted
+    # (create_fires), so an enqueued run on a slot the schedule fires at would cancel that fire.
+    # Every fire of a job shares one microsecond phase (cron: whole seconds; an interval: its
+    # start's; a one-off: its run_at's), and enqueued runs never take it, nor a whole second.
+    avoid = {0, _schedule_phase_us(job)}
+    wanted = [max(run["run_at"] or now, now) for run in runs]
+    low = min(wanted)
+    high = max(wanted) + step * (len(runs) + ENQUEUE_SLOT_MARGIN)
+    taken: set[datetime] = set()
+    read_to = low - step
+    while True:
+        # The job's slots read so far cover [low, read_to]; read on when the search passed it.
+        taken.update(
+            JobExecution.objects.filter(
+                job_id=job.pk, attempt=1, scheduled_for__gt=read_to, scheduled_for__lte=high
+            ).values_list("scheduled_for", flat=True)
+        )
+        read_to = high
+        slots = _free_slots(wanted, taken, avoid, step)
+        if max(slots) <= read_to:
+            break
+        high = max(slots) + step * ENQUEUE_SLOT_MARGIN
     stamp = timezone_now()
     # The columns every run shares, prepared for the database once; the rest per run.
     shared = {
@@ -601,12 +626,13 @@ def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: da
         won = set(wanted)
     else:
         # Some rows were no longer ours: the ones written carry this writer's outcome and time.
+        tokens = {execution.pk: execution.claim_token for execution, _ in outcomes}
         won = {
             pk
-            for pk, status, finished_at in JobExecution.objects.filter(pk__in=list(wanted))
-            .values_list("pk", "status", "finished_at")
-            .iterator()
-            if status == wanted[pk] and finished_at == now
+            for pk, status, finished_at, token in JobExecution.objects.filter(
+                pk__in=list(wanted)
+            ).values_list("pk", "status", "finished_at", "claim_token")
+            if status == wanted[pk] and finished_at == now and token == tokens[pk]
         }
     for execution, outcome in outcomes:
         status = outcome["status"]

@@ -495,6 +495,8 @@ def runs_enqueue(
                 )
             return created
         except IntegrityError:
+            if not Job.objects.filter(pk=job.pk).exists():
+                raise Job.DoesNotExist(f"job {job.pk} was deleted") from None
             # Another writer took one of the slots after we read them: read them again.
             if attempt == ENQUEUE_ATTEMPTS:
                 raise

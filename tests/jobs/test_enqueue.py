@@ -115,6 +115,63 @@ def test_an_enqueued_run_never_takes_a_whole_second_slot_of_the_schedule():
     assert JobExecution.objects.filter(job=job, scheduled_for=sharp).count() == 1
 
 
+def test_runs_wanting_one_instant_in_several_requests_find_slots_past_what_was_read_first():
+    """Each request reads the job's taken slots near the instant it wants; a third request of
+    1,500 runs for one instant must read on past its first window, not collide and fail."""
+    job = make_job()
+    at = (timezone.now() + timedelta(hours=1)).replace(microsecond=500_000)
+    items = [{"run_at": at.isoformat()}] * 1500
+    created = [runs_enqueue(job_id=job.pk, items=items, by=SYSTEM) for _ in range(3)]
+    slots = [run.scheduled_for for batch in created for run in batch]
+    assert len(set(slots)) == 4500 == JobExecution.objects.filter(job=job).count()
+    assert max(slots) - min(slots) >= timedelta(microseconds=4499)
+
+
+@pytest.mark.parametrize("schedule", ["once", "interval"])
+def test_an_enqueued_run_never_takes_the_slot_of_a_fractional_schedule(schedule):
+    """A one-off's run_at, or an interval's start, may fall on any microsecond: enqueued runs
+    keep clear of that phase too, so the job's own fire is never left out."""
+    fire_at = (timezone.now() + timedelta(minutes=5)).replace(microsecond=250_000)
+    fields = (
+        {"schedule_type": "once", "run_at": fire_at.isoformat(), "interval_seconds": None}
+        if schedule == "once"
+        else {"start_at": fire_at.isoformat()}
+    )
+    job = make_job(**fields)
+    runs = runs_enqueue(job_id=job.pk, items=[{"run_at": fire_at.isoformat()}] * 3, by=SYSTEM)
+    assert fire_at not in {run.scheduled_for for run in runs}
+    fire = executions.new_fire(job, fire_at, term=1, now=timezone.now())
+    assert executions.create_fires([fire]) == [fire]
+
+
+def test_a_job_deleted_during_the_request_is_not_retried_as_a_slot_clash(monkeypatch):
+    """The insert fails its foreign key when the job was deleted after it was read: that is the
+    job's absence (a 404 in the API), not a slot taken by a concurrent writer to retry."""
+    job = make_job()
+    attempts = []
+
+    def foreign_key_fails(target, runs, **kwargs):
+        attempts.append(1)
+        raise IntegrityError("a foreign key constraint fails")
+
+    class JobGoneMeanwhile:
+        DoesNotExist = Job.DoesNotExist
+        objects = type(
+            "Manager",
+            (),
+            {
+                "get": staticmethod(lambda pk: job),
+                "filter": staticmethod(lambda pk: type("Q", (), {"exists": lambda self: False})()),
+            },
+        )()
+
+    monkeypatch.setattr(executions, "create_enqueued", foreign_key_fails)
+    monkeypatch.setattr(services, "Job", JobGoneMeanwhile)
+    with pytest.raises(Job.DoesNotExist):
+        runs_enqueue(job_id=job.pk, items=[{}], by=SYSTEM)
+    assert attempts == [1]
+
+
 def test_run_at_and_priority_per_run_and_a_past_run_at_means_now():
     job = make_job(priority=5)
     now = timezone.now().replace(microsecond=500_000)  # never a whole second (see below)
