@@ -9,6 +9,7 @@ through ``may_start`` (the self-fence, just before the body) and ``complete`` (q
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import multiprocessing
 import queue
@@ -95,7 +96,10 @@ class Workers:
     def _work(self, func: Callable[..., None], args: tuple) -> None:
         while True:
             try:
-                func(*args)
+                # Each call in a fresh context: what a task sets in context variables (and what
+                # lives in them: Django's active translation and time zone, the log context) is
+                # not seen by the next run on this thread.
+                contextvars.Context().run(func, *args)
             except BaseException:
                 logger.exception("a worker's call failed")
             with self._lock:
@@ -145,8 +149,12 @@ def _with_context(
 ) -> None:
     """Run ``body`` with the run's ids on every line this thread logs (the task's own too)."""
     threading.current_thread().name = f"task-{run.execution.pk}"
-    with execution_context(execution=run.execution.pk, job=run.execution.job_id):
-        body(host, run)
+    try:
+        with execution_context(execution=run.execution.pk, job=run.execution.job_id):
+            body(host, run)
+    finally:
+        # Whatever happened, no connection of this run outlives it on a reused thread.
+        connection.close()
 
 
 def _open_gate(clock: Clock, instant: float, gate: threading.Event) -> None:

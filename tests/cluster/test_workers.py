@@ -3,6 +3,7 @@ reused, a failing call does not end its thread, and idle threads end."""
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 from cluster.executor.runners import Workers
@@ -69,3 +70,29 @@ def test_idle_threads_end_and_a_later_call_still_runs():
     later = threading.Event()
     workers.submit(later.set)
     assert later.wait(WAIT_S)
+
+
+SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="unset")
+
+
+def test_a_run_does_not_see_what_the_previous_run_on_its_thread_set_in_context_variables():
+    workers = Workers(idle_s=WAIT_S)
+    values: list[tuple[int, str]] = []
+    first = threading.Event()
+
+    def set_it() -> None:
+        SEEN.set("left behind")
+        values.append((threading.get_ident(), SEEN.get()))
+        first.set()
+
+    workers.submit(set_it)
+    assert first.wait(WAIT_S)
+    for _ in range(200):
+        if workers._idle == 1:
+            break
+        threading.Event().wait(0.01)
+    second = threading.Event()
+    workers.submit(lambda: (values.append((threading.get_ident(), SEEN.get())), second.set()))
+    assert second.wait(WAIT_S)
+    assert values[0][0] == values[1][0]  # the same thread
+    assert values[1][1] == "unset"
