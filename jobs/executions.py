@@ -533,15 +533,21 @@ def _outcome_fields(
     output: str = "",
     reason: str = "",
     started: float | None = None,
+    ended: float | None = None,
 ) -> dict[str, Any]:
-    """The columns an outcome writes (``started`` is the wall time the body began, when known)."""
+    """The columns an outcome writes. ``started`` and ``ended`` are the wall times the body began
+    and ended at, when known: the run's ``finished_at`` is when its body ended, not when the
+    outcome was written (outcomes are written in batches, a little later), so the next run of a
+    forbid job, which may start as soon as the body ends, never seems to overlap it."""
     started_at = datetime.fromtimestamp(started, tz=UTC) if started else execution.started_at
     started_at = started_at or now
+    finished_at = datetime.fromtimestamp(ended, tz=UTC) if ended else now
+    finished_at = max(finished_at, started_at)
     return {
         "status": status,
         "started_at": started_at,
-        "finished_at": now,
-        "duration_ms": (now - started_at).total_seconds() * 1000,
+        "finished_at": finished_at,
+        "duration_ms": (finished_at - started_at).total_seconds() * 1000,
         "result": jsonable_result(result),
         "error": bounded_text(error, ERROR_MAX_CHARS),
         "traceback": bounded_text(tb),
@@ -575,7 +581,8 @@ def finish(execution: JobExecution, *, status: str, now: datetime, **outcome: An
         **fields,
     )
     if won and status in RETRYABLE_STATES:
-        create_retry_if_allowed(execution, now=now)
+        # The backoff runs from the run's end.
+        create_retry_if_allowed(execution, now=fields["finished_at"])
     if not won:
         _fenced(execution, status)
     return won
@@ -609,12 +616,13 @@ def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: da
     condition = f"{quote('id')} = %s AND {quote('status')} = %s AND {quote('claim_token')} = %s"
     sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {condition}"  # noqa: S608
     stamp = timezone_now()
-    rows, wanted = [], {}
+    rows, wanted, ends = [], {}, {}
     for execution, outcome in outcomes:
         check_transition(S.RUNNING, outcome["status"])
         values = _outcome_fields(execution, now=now, **outcome)
         values["updated_at"] = stamp
         wanted[execution.pk] = values["status"]
+        ends[execution.pk] = values["finished_at"]
         rows.append(
             [field.get_db_prep_save(values[field.name], connection) for field in fields]
             + [execution.pk, S.RUNNING, execution.claim_token]
@@ -632,14 +640,14 @@ def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: da
             for pk, status, finished_at, token in JobExecution.objects.filter(
                 pk__in=list(wanted)
             ).values_list("pk", "status", "finished_at", "claim_token")
-            if status == wanted[pk] and finished_at == now and token == tokens[pk]
+            if status == wanted[pk] and finished_at == ends[pk] and token == tokens[pk]
         }
     for execution, outcome in outcomes:
         status = outcome["status"]
         if execution.pk not in won:
             _fenced(execution, status)
         elif status in RETRYABLE_STATES:
-            create_retry_if_allowed(execution, now=now)
+            create_retry_if_allowed(execution, now=ends[execution.pk])  # backoff from the end
     announce_many([(e.pk, e.job_id, o["status"]) for e, o in outcomes if e.pk in won])
     return won
 

@@ -153,6 +153,7 @@ def _keywords(outcome: Outcome) -> dict[str, Any]:
         "output": outcome.output,
         "reason": outcome.reason,
         "started": outcome.started,
+        "ended": outcome.ended,
     }
 
 

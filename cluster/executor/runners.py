@@ -213,6 +213,7 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
             outcome = Outcome(
                 run, S.SUCCEEDED, result=value, output=context.output, started=started
             )
+    outcome.ended = host.clock.now()
     try:
         host.complete(outcome, body_ended=True)
     finally:
@@ -274,6 +275,7 @@ def body_in_process(host: RunHost, run: ActiveRun) -> None:
                 output=message.get("output", ""),
                 started=started,
             )
+    outcome.ended = host.clock.now()
     try:
         host.complete(outcome)
     finally:

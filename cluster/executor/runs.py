@@ -74,3 +74,6 @@ class Outcome:
     output: str = ""
     reason: str = ""
     started: float | None = None  # wall-clock seconds the body started at
+    # Wall-clock seconds the body ended at (None: the run was ended without its body saying so,
+    # a timeout or a cancel: then the moment the outcome is written).
+    ended: float | None = None

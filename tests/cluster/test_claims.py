@@ -334,6 +334,31 @@ def test_finish_batch_writes_the_runs_still_ours_and_fences_the_rest(django_asse
     assert JobExecution.objects.filter(pk=stale.pk).values().get() == before_stale
 
 
+def test_an_outcome_records_when_its_body_ended_not_when_it_was_written():
+    """Outcomes are written in batches, after the body ended; the next run of a forbid job may
+    start in between. finished_at is the body's end, so the two never seem to overlap."""
+    job = make_job()
+    run = running_execution(job)
+    began, ended = NOW - 2 * SECOND, NOW - SECOND
+    with transaction.atomic():
+        finish_batch(
+            [
+                (
+                    run,
+                    {
+                        "status": S.SUCCEEDED,
+                        "started": began.timestamp(),
+                        "ended": ended.timestamp(),
+                    },
+                )
+            ],
+            now=NOW,
+        )
+    run.refresh_from_db()
+    assert (run.started_at, run.finished_at) == (began, ended)
+    assert run.duration_ms == pytest.approx(1000.0)
+
+
 def test_finish_batch_of_runs_all_ours_reads_nothing_back(django_assert_num_queries):
     job = make_job()
     run = running_execution(job)

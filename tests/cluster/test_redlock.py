@@ -371,8 +371,9 @@ def test_the_keeper_releases_queued_locks_together_in_one_round_trip_per_master(
     real = backend.release_locks
 
     def counted(handles):
-        calls.append(len(handles))
-        return real(handles)
+        results = real(handles)
+        calls.append(len(handles))  # after the release: the test looks at the locks next
+        return results
 
     monkeypatch.setattr(backend, "release_locks", counted)
     # Bodies end while the keeper's thread is busy with a pass: their releases queue up.
