@@ -280,10 +280,10 @@ def create_enqueued(
     ]
     slot_field, priority_field = meta.get_field("scheduled_for"), meta.get_field("priority")
     args_field, kwargs_field = meta.get_field("args"), meta.get_field("kwargs")
+    priorities = [job.priority if run["priority"] is None else run["priority"] for run in runs]
     rows = []
-    for run, slot in zip(runs, slots, strict=True):
+    for run, slot, priority in zip(runs, slots, priorities, strict=True):
         at = slot_field.get_db_prep_save(slot, connection)
-        priority = job.priority if run["priority"] is None else run["priority"]
         rows.append(
             [
                 *constant,
@@ -309,7 +309,7 @@ def create_enqueued(
         ).values_list("scheduled_for", "pk")
     )
     created = []
-    for run, slot in zip(runs, slots, strict=True):
+    for run, slot, priority in zip(runs, slots, priorities, strict=True):
         created.append(
             JobExecution(
                 pk=by_slot[slot],
@@ -320,7 +320,7 @@ def create_enqueued(
                 status=S.PENDING,
                 run_after=slot,
                 queue=job.queue,
-                priority=job.priority if run["priority"] is None else run["priority"],
+                priority=priority,
                 triggered_by=triggered_by,
                 args=run["args"],
                 kwargs=run["kwargs"],

@@ -89,8 +89,6 @@ class CoordinationBackend(abc.ABC):
     #: Whether ``live_nodes`` returns the payload given to ``heartbeat`` (the database backend keeps
     #: only presence: a node's details live in its ``SchedulerNode`` row).
     stores_heartbeat_payload: bool = True
-    #: Whether a call needs a database connection in the calling thread (the database backend).
-    uses_database: bool = False
 
     # --- leases -----------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -53,7 +53,6 @@ NODE_PREFIX = "node:"
 
 class DatabaseBackend(CoordinationBackend):
     stores_heartbeat_payload = False
-    uses_database = True
 
     def __init__(
         self,

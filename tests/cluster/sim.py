@@ -126,10 +126,9 @@ class SteppedRunner:
         if job.timeout_seconds:
             run.deadline = self.clock.monotonic() + job.timeout_seconds
         _CURRENT.update(node=self.node_id, clock=self.clock)
+        args, kwargs = run.execution.call_arguments()
         try:
-            value = call_task(
-                registry.get_task(job.task), list(job.args), dict(job.kwargs), run.context
-            )
+            value = call_task(registry.get_task(job.task), args, kwargs, run.context)
             outcome = Outcome(run, S.SUCCEEDED, result=value, started=now)
         except Exception as exc:
             outcome = Outcome(
@@ -140,7 +139,7 @@ class SteppedRunner:
                 started=now,
             )
         body.outcome = outcome
-        body.ends_at = now + float(job.kwargs.get("seconds", 0.0))
+        body.ends_at = now + float(kwargs.get("seconds", 0.0))
         self.running.append(body)
 
 

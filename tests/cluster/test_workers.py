@@ -11,6 +11,15 @@ from cluster.executor.runners import Workers
 WAIT_S = 5.0
 
 
+def wait_idle(workers: Workers, count: int) -> None:
+    """Until ``count`` threads have counted themselves idle (a call's thread does just after it)."""
+    for _ in range(int(WAIT_S / 0.01)):
+        if workers._idle == count:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"{workers._idle} idle threads, not {count}")
+
+
 def test_an_idle_thread_is_reused_and_a_busy_one_is_not_waited_for():
     workers = Workers(idle_s=WAIT_S)
     seen: list[int] = []
@@ -18,10 +27,7 @@ def test_an_idle_thread_is_reused_and_a_busy_one_is_not_waited_for():
     workers.submit(lambda: (seen.append(threading.get_ident()), done.set()))
     assert done.wait(WAIT_S)
     # The first thread is idle again once it counted itself idle: the next call goes to it.
-    for _ in range(200):
-        if workers._idle == 1:
-            break
-        threading.Event().wait(0.01)
+    wait_idle(workers, 1)
     release = threading.Event()
     blocked = threading.Event()
     workers.submit(lambda: (seen.append(threading.get_ident()), blocked.set(), release.wait()))
@@ -47,10 +53,7 @@ def test_a_failing_call_does_not_end_its_thread():
 
     workers.submit(fail)
     assert failed.wait(WAIT_S)
-    for _ in range(200):
-        if workers._idle == 1:
-            break
-        threading.Event().wait(0.01)
+    wait_idle(workers, 1)
     again = threading.Event()
     workers.submit(lambda: (idents.append(threading.get_ident()), again.set()))
     assert again.wait(WAIT_S)
@@ -87,10 +90,7 @@ def test_a_run_does_not_see_what_the_previous_run_on_its_thread_set_in_context_v
 
     workers.submit(set_it)
     assert first.wait(WAIT_S)
-    for _ in range(200):
-        if workers._idle == 1:
-            break
-        threading.Event().wait(0.01)
+    wait_idle(workers, 1)
     second = threading.Event()
     workers.submit(lambda: (values.append((threading.get_ident(), SEEN.get())), second.set()))
     assert second.wait(WAIT_S)
