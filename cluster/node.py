@@ -67,6 +67,9 @@ REAP_INTERVAL_S = 0.25
 LEADER_TICK_EARLY_S = 0.4
 # How often a node audits the rows it holds against what it tracks (executor.reconcile).
 RECONCILE_INTERVAL_S = 2.0
+# A node that has claimed nothing for this long because it is full or cannot confirm its
+# membership says so in its log, and again every this often while it lasts (seconds).
+CLAIM_IDLE_LOG_S = 5.0
 DEFAULT_GRACE_S = 30.0
 STOP_MARK_ATTEMPTS = 5
 LOOP_ERROR_BACKOFF_S = 0.5
@@ -186,6 +189,8 @@ class NodeRunner:
         self._wake_claim = threading.Event()
         self._last_reap = 0.0
         self._last_reconcile = self.clock.monotonic()
+        self._idle_since: tuple[str, float] | None = None
+        self._idle_logged = float("-inf")
         self._threads: list[threading.Thread] = []
         self.membership = Membership(
             self.backend, config.node_id, ttl_s=config.dead_after_s, clock=self.clock
@@ -488,7 +493,32 @@ class NodeRunner:
     # --- claiming ------------------------------------------------------------------------------------
     def claim_once(self) -> float:
         claimed = self.executor.claim_once()
+        self._note_claim_idle(self.executor.idle_reason)
         return 0.0 if claimed else self.config.claim_poll_s
+
+    def _note_claim_idle(self, reason: str | None) -> None:
+        """Log, at most every CLAIM_IDLE_LOG_S, that this node has claimed nothing for a reason of
+        its own (full, membership unconfirmed) for that long: a node that silently stops claiming
+        is the hardest stall to see from outside."""
+        now = self.clock.monotonic()
+        if reason in (None, "nothing due", "draining"):
+            self._idle_since = None
+            return
+        if self._idle_since is None or self._idle_since[0] != reason:
+            self._idle_since = (reason, now)
+            return
+        since = self._idle_since[1]
+        if now - since >= CLAIM_IDLE_LOG_S and now - self._idle_logged >= CLAIM_IDLE_LOG_S:
+            self._idle_logged = now
+            logger.warning(
+                "claiming nothing for %.1f s: %s (capacity %d, load %d, %s)",
+                now - since,
+                reason,
+                self.executor.capacity,
+                self.executor.load,
+                ", ".join(f"{k} {v}" for k, v in self.executor.snapshot().items()),
+                extra=self._log_extra,
+            )
 
     # --- one pass of everything (tests) ---------------------------------------------------------------
     def tick(self) -> None:

@@ -144,6 +144,8 @@ class Executor:
         # loop looks again at once instead of at its next poll.
         self.on_room: Callable[[], None] = lambda: None
         self.claiming = True
+        # Why the last claim pass took nothing (None when it claimed, or failed).
+        self.idle_reason: str | None = None
         install_output_capture()
 
     def _now(self) -> datetime:
@@ -176,19 +178,39 @@ class Executor:
                 + max(0, self._unwritten - self.capacity)
             )
 
+    def snapshot(self) -> dict[str, int]:
+        """What is tracked, by kind (for a log line saying why a node claims nothing)."""
+        with self._lock:
+            return {
+                "claimed": len(self._claimed),
+                "waiting": len(self._waiting),
+                "timed": len(self._timer_heap),
+                "running": len(self._active),
+                "unwritten": self._unwritten,
+                "admitting": self._preparers,
+                "queued_batches": self._prepare_queue.qsize(),
+            }
+
     def running_ids(self) -> list[int]:
         with self._lock:
             return list(self._active)
 
     # --- claiming ---------------------------------------------------------------------------------
     def claim_once(self) -> int:
-        """Claim what fits; returns the number claimed. Called by the node's claim loop."""
-        if not self.claiming or not self.membership.confirmed():
+        """Claim what fits; returns the number claimed. Called by the node's claim loop. Why a
+        pass took nothing is kept in ``idle_reason`` (the node logs one that lasts)."""
+        if not self.claiming:
+            self.idle_reason = "draining"
+            return 0
+        if not self.membership.confirmed():
             # A node that cannot show it is still a member claims nothing it could not start.
+            self.idle_reason = "membership unconfirmed"
             return 0
         free = self.capacity - self.load
         if free <= 0:
+            self.idle_reason = "full"
             return 0
+        self.idle_reason = None
         epoch = self.membership.epoch
         now = self._now()
         claimed = executions.claim_batch(
@@ -198,6 +220,8 @@ class Executor:
             horizon=now + timedelta(seconds=self.lookahead_s),
             now=now,
         )
+        if not claimed:
+            self.idle_reason = "nothing due"
         if claimed:
             with self._lock:
                 # A drain that began while the claim waited for the database (SQLite's write

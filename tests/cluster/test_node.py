@@ -142,3 +142,44 @@ def test_a_node_removed_from_the_list_while_away_registers_again() -> None:
     SchedulerNode.objects.filter(node_id="beat-d").delete()
     runner.heartbeat_once()
     assert status_of("beat-d") == NodeStatus.ACTIVE
+
+
+def test_a_node_that_claims_nothing_for_a_reason_of_its_own_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Full (or unable to confirm its membership) for CLAIM_IDLE_LOG_S: one warning naming the
+    reason and what fills the node, then again only after another CLAIM_IDLE_LOG_S; nothing while
+    there is simply nothing due."""
+    from cluster.clock import SettableClock
+
+    clock = SettableClock()
+    runner = NodeRunner(
+        NodeConfig(node_id="idle-a", capacity=2), backend=MemoryBackend(clock=clock), clock=clock
+    )
+    runner.register()
+    runner.presence_once()
+    caplog.set_level("WARNING", logger="cluster.node")
+
+    def idle_warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "claiming nothing" in r.getMessage()]
+
+    for _ in range(8):
+        runner.claim_once()  # nothing due: no warning, however long
+        clock.advance(1.0)
+        runner.presence_once()
+    assert runner.executor.idle_reason == "nothing due"
+    assert idle_warnings() == []
+    runner.executor._claimed.update({1, 2})  # two claims tracked: full
+    for _ in range(12):
+        runner.claim_once()
+        clock.advance(1.0)
+        runner.presence_once()
+    warnings = idle_warnings()
+    assert len(warnings) == 2, warnings
+    assert "full (capacity 2, load 2, claimed 2" in warnings[0]
+    runner.executor._claimed.clear()
+    clock.advance(10.0)  # the presence is no longer confirmed
+    for _ in range(7):
+        runner.claim_once()
+        clock.advance(1.0)
+    assert "membership unconfirmed" in idle_warnings()[-1]
