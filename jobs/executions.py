@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -379,10 +379,20 @@ def promote_due_retries(*, horizon: datetime) -> int:
 
 
 def claim_batch(
-    *, node_id: str, queues: list[str], limit: int, horizon: datetime, now: datetime
+    *,
+    node_id: str,
+    queues: list[str],
+    limit: int,
+    horizon: datetime,
+    now: datetime,
+    start_now: Callable[[list[JobExecution]], list[JobExecution]] | None = None,
 ) -> list[JobExecution]:
     """Claim up to ``limit`` pending, unclaimed executions due before ``horizon`` (one transaction;
-    ``SKIP LOCKED`` where the engine has it; on SQLite the write transaction serialises claimers)."""
+    ``SKIP LOCKED`` where the engine has it; on SQLite the write transaction serialises claimers).
+
+    ``start_now`` picks, from the rows claimed, those to mark running at ``now`` in the same
+    transaction (``start_batch``): runs already due that need nothing looked at before they start
+    save a commit and a hand-over to the starter. Those come back with status ``running``."""
     if limit <= 0:
         return []
     prefix = f"{uuid.uuid4().hex[:16]}-"
@@ -409,11 +419,15 @@ def claim_batch(
             node=node_id,
             claimed_at=now,
         )
-        return list(
+        claimed = list(
             JobExecution.objects.select_related("job").filter(
                 pk__in=ids, claim_token__startswith=prefix, node=node_id
             )
         )
+        picked = start_now(claimed) if start_now is not None else []
+        if picked:
+            start_batch(picked, planned=now)
+        return claimed
 
 
 def hand_back(execution: JobExecution, *, run_after: datetime | None = None) -> bool:
@@ -588,48 +602,31 @@ def finish(execution: JobExecution, *, status: str, now: datetime, **outcome: An
     return won
 
 
+# One outcome UPDATE carries at most this much text (result, output, traceback...); a batch with
+# more is written in several statements (MariaDB's max_allowed_packet is 16 MiB by default).
+FINISH_STATEMENT_CHARS = 1_000_000
+
+
 def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: datetime) -> set[int]:
-    """``finish`` for many runs: one parametrised UPDATE executed for every row (no query built
-    per row), each conditional on the row still running under this writer's claim token, as
-    ``finish``'s is. Returns the ids written; the others were fenced. Call inside a transaction.
+    """``finish`` for many runs in one UPDATE statement (several when their text is large): each
+    column is set to a ``CASE`` on the row's id (or to one value when every row has the same),
+    and a row is written only while it is still running under this writer's claim token, as in
+    ``finish``. Returns the ids written; the others were fenced. Call inside a transaction.
 
     ``outcomes`` pairs each execution with its ``finish`` keywords (``status`` included)."""
     if not outcomes:
         return set()
-    meta = JobExecution._meta
-    names = [
-        "status",
-        "started_at",
-        "finished_at",
-        "duration_ms",
-        "result",
-        "error",
-        "traceback",
-        "output",
-        "reason",
-        "updated_at",
-    ]
-    fields = [meta.get_field(name) for name in names]
-    quote = connection.ops.quote_name
-    # Only the model's own table and column names go into the text; every value is a parameter.
-    assignments = ", ".join(f"{quote(field.column)} = %s" for field in fields)
-    condition = f"{quote('id')} = %s AND {quote('status')} = %s AND {quote('claim_token')} = %s"
-    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {condition}"  # noqa: S608
     stamp = timezone_now()
-    rows, wanted, ends = [], {}, {}
+    rows: list[tuple[JobExecution, dict[str, Any]]] = []
     for execution, outcome in outcomes:
         check_transition(S.RUNNING, outcome["status"])
         values = _outcome_fields(execution, now=now, **outcome)
         values["updated_at"] = stamp
-        wanted[execution.pk] = values["status"]
-        ends[execution.pk] = values["finished_at"]
-        rows.append(
-            [field.get_db_prep_save(values[field.name], connection) for field in fields]
-            + [execution.pk, S.RUNNING, execution.claim_token]
-        )
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, rows)
-        matched = cursor.rowcount
+        rows.append((execution, values))
+    matched = 0
+    for chunk in _chunks_by_text(rows):
+        matched += _update_outcomes(chunk)
+    wanted = {execution.pk: values for execution, values in rows}
     if matched == len(rows):
         won = set(wanted)
     else:
@@ -640,16 +637,86 @@ def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: da
             for pk, status, finished_at, token in JobExecution.objects.filter(
                 pk__in=list(wanted)
             ).values_list("pk", "status", "finished_at", "claim_token")
-            if status == wanted[pk] and finished_at == ends[pk] and token == tokens[pk]
+            if status == wanted[pk]["status"]
+            and finished_at == wanted[pk]["finished_at"]
+            and token == tokens[pk]
         }
     for execution, outcome in outcomes:
         status = outcome["status"]
         if execution.pk not in won:
             _fenced(execution, status)
         elif status in RETRYABLE_STATES:
-            create_retry_if_allowed(execution, now=ends[execution.pk])  # backoff from the end
+            # The backoff runs from the body's end.
+            create_retry_if_allowed(execution, now=wanted[execution.pk]["finished_at"])
     announce_many([(e.pk, e.job_id, o["status"]) for e, o in outcomes if e.pk in won])
     return won
+
+
+OUTCOME_COLUMNS = (
+    "status",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "result",
+    "error",
+    "traceback",
+    "output",
+    "reason",
+    "updated_at",
+)
+
+
+def _chunks_by_text(
+    rows: list[tuple[JobExecution, dict[str, Any]]],
+) -> Iterable[list[tuple[JobExecution, dict[str, Any]]]]:
+    chunk: list[tuple[JobExecution, dict[str, Any]]] = []
+    size = 0
+    for row in rows:
+        values = row[1]
+        text = sum(len(values[name]) for name in ("error", "traceback", "output", "reason"))
+        text += len(json.dumps(values["result"])) if values["result"] is not None else 0
+        if chunk and size + text > FINISH_STATEMENT_CHARS:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(row)
+        size += text
+    if chunk:
+        yield chunk
+
+
+def _update_outcomes(rows: list[tuple[JobExecution, dict[str, Any]]]) -> int:
+    """One UPDATE writing ``rows``' outcome columns; returns the rows it matched."""
+    meta = JobExecution._meta
+    quote = connection.ops.quote_name
+    id_column = quote(meta.pk.column)
+    # Only the model's own table and column names go into the text; every value is a parameter.
+    assignments: list[str] = []
+    params: list[Any] = []
+    for name in OUTCOME_COLUMNS:
+        field = meta.get_field(name)
+        prepared = [field.get_db_prep_save(values[name], connection) for _, values in rows]
+        if all(value == prepared[0] for value in prepared):
+            assignments.append(f"{quote(field.column)} = %s")
+            params.append(prepared[0])
+            continue
+        cases = " ".join(["WHEN %s THEN %s"] * len(rows))
+        assignments.append(f"{quote(field.column)} = CASE {id_column} {cases} END")
+        for (execution, _), value in zip(rows, prepared, strict=True):
+            params += [execution.pk, value]
+    marks = ", ".join(["%s"] * len(rows))
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608
+        f"WHERE {id_column} IN ({marks}) AND {quote('status')} = %s "
+        f"AND {quote('claim_token')} IN ({marks})"
+    )
+    # Every token names its own row ("<batch>-<id>"): "id in ids and token in tokens" is the
+    # pairwise condition.
+    params += [execution.pk for execution, _ in rows]
+    params.append(S.RUNNING)
+    params += [execution.claim_token for execution, _ in rows]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
 
 
 def end_running(execution: JobExecution, *, status: str, reason: str, now: datetime) -> bool:

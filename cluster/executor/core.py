@@ -86,6 +86,9 @@ STARTER_IDLE_S = 0.5
 # a fixed pool of two: a batch stuck on a connection cut mid-query (up to the database read
 # timeout) must not hold up the batches behind it (a chaos run saw runs 35 s late that way).
 PREPARE_WORKERS = 4
+# Policies whose runs look at other runs of their job (and forbid's at the job lock) before they
+# start: never started in the claim's own transaction.
+GUARDED_POLICIES = (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE)
 
 
 class Executor:
@@ -219,27 +222,57 @@ class Executor:
             limit=free,
             horizon=now + timedelta(seconds=self.lookahead_s),
             now=now,
+            start_now=self._startable_at_claim,
         )
         if not claimed:
             self.idle_reason = "nothing due"
-        if claimed:
-            with self._lock:
-                # A drain that began while the claim waited for the database (SQLite's write
-                # lock) has already emptied the heap: these go straight back, not into it.
-                keep = self.claiming
-                for execution in claimed if keep else ():
-                    self._claimed.add(execution.pk)
-                    self._seq += 1
-                    heapq.heappush(
-                        self._timer_heap,
-                        Scheduled(execution.run_after.timestamp(), self._seq, execution, epoch),
-                    )
-            if not keep:
-                for execution in claimed:
+            return 0
+        started: list[ActiveRun] = []
+        with self._lock:
+            # A drain that began while the claim waited for the database (SQLite's write
+            # lock) has already emptied the heap: these go straight back, not into it.
+            keep = self.claiming
+            for execution in claimed if keep else ():
+                due = execution.run_after.timestamp()
+                if execution.status == S.RUNNING:
+                    run = ActiveRun(execution=execution, due=due, epoch=epoch)
+                    self._active[execution.pk] = run
+                    started.append(run)
+                    continue
+                self._claimed.add(execution.pk)
+                self._seq += 1
+                heapq.heappush(self._timer_heap, Scheduled(due, self._seq, execution, epoch))
+        if not keep:
+            for execution in claimed:
+                if execution.status == S.RUNNING:
+                    executions.hand_back_unstarted(execution)
+                else:
                     executions.hand_back(execution)
-                return 0
+            return 0
+        if started:
+            self.runner.launch(self, started)
+        if len(started) < len(claimed):
             self._wake_starter.set()
         return len(claimed)
+
+    def _startable_at_claim(self, claimed: list[JobExecution]) -> list[JobExecution]:
+        """The claimed runs that start in the claim's own transaction: due already, of a job
+        with no concurrency guard (no job lock to take, no other run to look at), and admitted
+        on the facts of the run alone (not a stale misfire). The rest go to the starter."""
+        if not self.claiming:
+            return []
+        now = self.clock.now()
+        picks = []
+        for execution in claimed:
+            due = execution.run_after.timestamp()
+            if due > now or execution.job.concurrency_policy in GUARDED_POLICIES:
+                continue
+            decision = admission.admit(
+                gather.facts(execution, due=due, now=now, claiming=self.claiming)
+            )
+            if isinstance(decision, Start):
+                picks.append(execution)
+        return picks
 
     def reconcile(self, *, now: datetime | None = None) -> tuple[int, int]:
         """Self-audit: rows this node holds in the database but no longer tracks (an error in the

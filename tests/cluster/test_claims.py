@@ -12,8 +12,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from jobs import executions as executions_module
 from jobs.executions import (
     backoff_delay,
     claim_batch,
@@ -28,6 +30,7 @@ from jobs.states import ExecutionStatus
 
 S = ExecutionStatus
 SECOND = timedelta(seconds=1)
+MICROSECOND = timedelta(microseconds=1)
 CLAIMERS = 50
 THREAD_JOIN_TIMEOUT_S = 60
 NODE = "node-a"
@@ -364,6 +367,45 @@ def test_finish_batch_of_runs_all_ours_reads_nothing_back(django_assert_num_quer
     run = running_execution(job)
     with django_assert_num_queries(1):
         assert finish_batch([(run, {"status": S.SUCCEEDED})], now=NOW) == {run.pk}
+
+
+def test_finish_batch_writes_many_different_outcomes_in_one_statement(
+    django_assert_num_queries, monkeypatch
+):
+    """Each row gets its own values (a CASE per column that differs); text beyond
+    FINISH_STATEMENT_CHARS splits the batch into several statements, each row still written."""
+    job = make_job(concurrency_policy="allow", max_retries=0)
+    runs = [running_execution(job, attempt=k + 1, token=f"token-{k}") for k in range(40)]
+    outcomes = [
+        (
+            run,
+            {
+                "status": S.SUCCEEDED if k % 3 else S.FAILED,
+                "result": {"k": k} if k % 3 else None,
+                "error": "" if k % 3 else f"error {k}",
+                "output": f"out {k}\n" * (k % 5),
+                "started": (STARTED + k * SECOND).timestamp(),
+                "ended": (STARTED + (k + 1) * SECOND + k * 1000 * MICROSECOND).timestamp(),
+            },
+        )
+        for k, run in enumerate(runs)
+    ]
+    with transaction.atomic(), django_assert_num_queries(1):
+        assert finish_batch(outcomes[:20], now=NOW) == {run.pk for run in runs[:20]}
+    monkeypatch.setattr(executions_module, "FINISH_STATEMENT_CHARS", 30)
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        assert finish_batch(outcomes[20:], now=NOW) == {run.pk for run in runs[20:]}
+    assert len(queries) > 1
+    assert all(query["sql"].startswith("UPDATE") for query in queries)
+    for k, run in enumerate(runs):
+        row = JobExecution.objects.get(pk=run.pk)
+        expected = outcomes[k][1]
+        assert row.status == expected["status"]
+        assert row.result == expected["result"]
+        assert (row.error, row.output) == (expected["error"], expected["output"])
+        assert row.started_at == STARTED + k * SECOND
+        assert row.finished_at == STARTED + (k + 1) * SECOND + k * 1000 * MICROSECOND
+        assert row.duration_ms == pytest.approx(1000.0 + k)
 
 
 def test_batch_writes_announce_each_execution_once_after_commit(

@@ -150,6 +150,13 @@ def submit(job: Job, **fields: object) -> JobExecution:
     )
 
 
+def submit_ahead(job: Job, seconds: float = 0.5) -> JobExecution:
+    """One pending execution of ``job`` due shortly (claimed ahead, admitted by the starter: a
+    run already due of a job with no concurrency guard starts in its claim's transaction)."""
+    due = timezone.now() + timedelta(seconds=seconds)
+    return submit(job, scheduled_for=due, run_after=due)
+
+
 def wait_for_status(execution: JobExecution, statuses, timeout: float = OUTCOME_TIMEOUT_S):
     statuses = {statuses} if isinstance(statuses, str) else set(statuses)
 
@@ -855,7 +862,7 @@ def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
     monkeypatch.setattr(executor_core, "ADMISSION_RETRY_S", 0.01)
     monkeypatch.setattr(executor_core, "ADMISSION_ATTEMPTS", 3)
     job = make_job("unlucky", "noop")
-    execution = submit(job)
+    execution = submit_ahead(job)
     calls = []
 
     def failing_start_batch(*args, **kwargs):
@@ -882,7 +889,7 @@ def test_a_run_whose_admission_failed_starts_once_the_database_answers(executor,
     admitted again ADMISSION_RETRY_S later; it starts then, not after the audit's
     RECONCILE_AFTER_S (every later fire of a forbid job waited behind such a claim)."""
     job = make_job("brief-outage", "noop")
-    execution = submit(job)
+    execution = submit_ahead(job)
     calls = []
     real_start_batch = executions.start_batch
 
@@ -1052,3 +1059,86 @@ def test_a_run_marked_running_ahead_of_an_instant_its_node_did_not_live_to_see_i
     assert done.status == S.SKIPPED
     assert done.reason == REASON_LOCK_WAIT.format(grace=1)
     assert recorded_ids(path) == []
+
+
+# --- the claim's own start: runs already due that need nothing looked at --------------------------
+
+
+def test_a_due_run_of_an_unguarded_job_is_running_when_its_claim_returns(executor):
+    """One transaction claims it and marks it running (no second commit, no hand-over to the
+    starter); the body still passes the self-fence and runs once."""
+    execution = submit(make_job("at-claim", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW))
+    assert executor.claim_once() == 1
+    row = JobExecution.objects.get(pk=execution.pk)
+    assert row.status in (S.RUNNING, S.SUCCEEDED)
+    assert row.started_at == row.claimed_at
+    done = wait_for_status(execution, TERMINAL_STATES)
+    assert done.status == S.SUCCEEDED
+    assert done.attempt == 1 and JobExecution.objects.filter(job=execution.job).count() == 1
+
+
+@pytest.mark.parametrize(
+    "policy", [ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE], ids=lambda p: p
+)
+def test_a_guarded_jobs_run_waits_for_the_starter_to_admit_it(executor, monkeypatch, policy):
+    """forbid and buffer_one look at the job lock and other runs first: claimed, not started."""
+    admitted = threading.Event()
+    monkeypatch.setattr(executor, "_dispatch", lambda batch: admitted.set())
+    execution = submit(make_job(f"guarded-{policy}", "noop", concurrency_policy=policy))
+    assert executor.claim_once() == 1
+    assert admitted.wait(OUTCOME_TIMEOUT_S)
+    row = JobExecution.objects.get(pk=execution.pk)
+    assert (row.status, row.node) == (S.PENDING, NODE)
+    monkeypatch.undo()
+    executor.release_unstarted()
+
+
+def test_a_stale_fire_is_not_started_by_its_claim_but_skipped(executor):
+    """A scheduled fire past its misfire grace is a skip, whoever admits it."""
+    job = make_job(
+        "stale-at-claim", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW, misfire_grace_seconds=1
+    )
+    old = timezone.now() - timedelta(seconds=30)
+    execution = submit(
+        job, scheduled_for=old, run_after=old, created_at=old, trigger=Trigger.SCHEDULE
+    )
+    JobExecution.objects.filter(pk=execution.pk).update(created_at=old)
+    assert executor.claim_once() == 1
+    done = wait_for_status(execution, TERMINAL_STATES)
+    assert done.status == S.SKIPPED and done.started_at is None
+
+
+def test_a_drain_during_the_claim_gives_the_started_run_back(executor, monkeypatch):
+    """The drain began while the claim's transaction ran: the run marked running there never
+    starts; it goes back to the queue, unstarted."""
+    real_claim = executions.claim_batch
+
+    def claim_then_drain(**kwargs):
+        claimed = real_claim(**kwargs)
+        executor.claiming = False
+        return claimed
+
+    monkeypatch.setattr(executions, "claim_batch", claim_then_drain)
+    execution = submit(make_job("drained", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW))
+    assert executor.claim_once() == 0
+    row = JobExecution.objects.get(pk=execution.pk)
+    assert (row.status, row.claim_token, row.started_at) == (S.PENDING, None, None)
+    assert executor.load == 0
+
+
+def test_a_start_that_fails_inside_the_claim_leaves_the_run_unclaimed(executor, monkeypatch):
+    """The claim and its start are one transaction: a database gone between the two writes
+    leaves the row as it was (claimable), nothing tracked, no capacity held."""
+
+    def failing_start_batch(*args, **kwargs):
+        raise OperationalError("(2013, 'Lost connection to server during query')")
+
+    monkeypatch.setattr(executions, "start_batch", failing_start_batch)
+    execution = submit(make_job("cut", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW))
+    with pytest.raises(OperationalError):
+        executor.claim_once()
+    row = JobExecution.objects.get(pk=execution.pk)
+    assert (row.status, row.claim_token, row.node) == (S.PENDING, None, "")
+    assert executor.load == 0
+    monkeypatch.undo()
+    assert run_to_outcome(executor, row).status == S.SUCCEEDED
