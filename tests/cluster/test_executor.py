@@ -1096,7 +1096,10 @@ def test_a_guarded_jobs_run_waits_for_the_starter_to_admit_it(executor, monkeypa
 def test_a_stale_fire_is_not_started_by_its_claim_but_skipped(executor):
     """A scheduled fire past its misfire grace is a skip, whoever admits it."""
     job = make_job(
-        "stale-at-claim", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW, misfire_grace_seconds=1
+        "stale-at-claim",
+        "noop",
+        concurrency_policy=ConcurrencyPolicy.ALLOW,
+        misfire_grace_seconds=1,
     )
     old = timezone.now() - timedelta(seconds=30)
     execution = submit(
