@@ -386,13 +386,17 @@ def claim_batch(
     horizon: datetime,
     now: datetime,
     start_now: Callable[[list[JobExecution]], list[JobExecution]] | None = None,
+    look_first: bool = True,
 ) -> list[JobExecution]:
     """Claim up to ``limit`` pending, unclaimed executions due before ``horizon`` (one transaction;
     ``SKIP LOCKED`` where the engine has it; on SQLite the write transaction serialises claimers).
 
     ``start_now`` picks, from the rows claimed, those to mark running at ``now`` in the same
     transaction (``start_batch``): runs already due that need nothing looked at before they start
-    save a commit and a hand-over to the starter. Those come back with status ``running``."""
+    save a commit and a hand-over to the starter. Those come back with status ``running``.
+
+    ``look_first=False`` skips the cheap look for due rows (a round trip) on engines with SKIP
+    LOCKED, for a claimer that has just found some: in a backlog it would find them again."""
     if limit <= 0:
         return []
     prefix = f"{uuid.uuid4().hex[:16]}-"
@@ -401,7 +405,8 @@ def claim_batch(
     )
     # Look before taking locks: most polls find nothing, and on SQLite a write transaction takes
     # the one database-wide write lock.
-    if not due.exists():
+    skip_look = not look_first and connection.features.has_select_for_update_skip_locked
+    if not skip_look and not due.exists():
         return []
     with transaction.atomic():
         candidates = due.order_by("-priority", "run_after", "pk")

@@ -149,6 +149,7 @@ class Executor:
         self.claiming = True
         # Why the last claim pass took nothing (None when it claimed, or failed).
         self.idle_reason: str | None = None
+        self._last_claim_found = False
         install_output_capture()
 
     def _now(self) -> datetime:
@@ -223,7 +224,9 @@ class Executor:
             horizon=now + timedelta(seconds=self.lookahead_s),
             now=now,
             start_now=self._startable_at_claim,
+            look_first=not self._last_claim_found,
         )
+        self._last_claim_found = bool(claimed)
         if not claimed:
             self.idle_reason = "nothing due"
             return 0

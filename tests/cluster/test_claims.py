@@ -582,3 +582,25 @@ def test_backoff_jitter_stays_within_fifty_to_a_hundred_percent():
         delays = [backoff_delay(job, attempt, rng) for _ in range(200)]
         assert all(0.5 * full <= d <= full for d in delays)
         assert max(delays) - min(delays) > 0.25 * full  # it does jitter
+
+
+def test_a_claimer_in_a_backlog_skips_the_look_for_due_rows_where_skip_locked_exists():
+    """The look (one round trip) saves an empty write transaction when nothing is due; a claimer
+    that has just found rows skips it, except on SQLite, where a write transaction takes the one
+    database-wide lock."""
+    job = make_job(concurrency_policy="allow")
+    add_execution(job, slot=timezone.now() - SECOND)
+    for look_first in (True, False):
+        with CaptureQueriesContext(connection) as queries:
+            rows = claim_batch(
+                node_id=NODE,
+                queues=["default"],
+                limit=10,
+                horizon=timezone.now() + SECOND,
+                now=timezone.now(),
+                look_first=look_first,
+            )
+        looked = any(" LIMIT 1" in q["sql"] and "FOR UPDATE" not in q["sql"] for q in queries)
+        skip_locked = connection.features.has_select_for_update_skip_locked
+        assert looked == (look_first or not skip_locked)
+        assert len(rows) == (1 if look_first else 0)
