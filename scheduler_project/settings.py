@@ -91,6 +91,8 @@ MIDDLEWARE = [
     # Health probes, answered whatever the Host (a kubelet probes the pod IP): see health.py.
     "scheduler_project.health.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "scheduler_project.security.ContentSecurityPolicyMiddleware",
+    "scheduler_project.security.ChunkedBodyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -1,8 +1,14 @@
 from django.contrib import admin
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
+from django.templatetags.static import static
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from django.views.generic import RedirectView
+from drf_spectacular.views import (
+    SpectacularAPIView,
+    SpectacularRedocView,
+    SpectacularSwaggerSplitView,
+)
 from rest_framework.routers import DefaultRouter
 
 from cluster.api import ClusterStateView, NodeViewSet, TermViewSet
@@ -22,8 +28,8 @@ class _SignInFirst:
         return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
 
 
-class SwaggerDocs(_SignInFirst, SpectacularSwaggerView):
-    pass
+class SwaggerDocs(_SignInFirst, SpectacularSwaggerSplitView):
+    """Its start-up script is served as a file of its own (?script): no inline script (CSP)."""
 
 
 class RedocDocs(_SignInFirst, SpectacularRedocView):
@@ -50,4 +56,10 @@ urlpatterns = [
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     path("admin/", admin.site.urls),
+    # Browsers ask for /favicon.ico on pages that name no icon (the admin, the browsable API).
+    path(
+        "favicon.ico",
+        RedirectView.as_view(url=static("dashboard/img/favicon.svg"), permanent=True),
+        name="favicon",
+    ),
 ]

@@ -88,7 +88,7 @@
     series.forEach(function (s) {
       container.appendChild(
         Sched.el("span", { class: "legend-item" }, [
-          Sched.el("span", { class: "legend-swatch" + (s.dashed ? " legend-swatch--dashed" : ""), style: "--swatch: " + s.color }),
+          Sched.el("span", { class: "legend-swatch" + (s.dashed ? " legend-swatch--dashed" : ""), style: { "--swatch": s.color } }),
           s.label,
         ])
       );

@@ -210,6 +210,7 @@
         var value = attrs[key];
         if (value === null || value === undefined || value === false) continue;
         if (key === "class") node.className = value;
+        else if (key === "style") setStyle(node, value);
         else if (key === "text") node.textContent = value;
         else if (key === "hidden") node.hidden = Boolean(value);
         else node.setAttribute(key, value === true ? "" : String(value));
@@ -218,6 +219,24 @@
     append(node, children);
     return node;
   };
+  // Styles go through the CSS object model, never a style attribute: the Content-Security-Policy
+  // (style-src 'self') refuses inline style attributes, not properties set from script.
+  function setStyle(node, properties) {
+    for (var name in properties) {
+      if (Object.prototype.hasOwnProperty.call(properties, name)) node.style.setProperty(name, properties[name]);
+    }
+  }
+
+  /** Meters rendered by the server carry their fill in data-fill (a percentage). */
+  function renderMeters(root) {
+    var fills = (root || document).querySelectorAll(".meter__fill[data-fill]");
+    for (var i = 0; i < fills.length; i++) {
+      var percent = Math.max(0, Math.min(100, Number(fills[i].getAttribute("data-fill")) || 0));
+      fills[i].style.setProperty("width", percent + "%");
+    }
+  }
+  Sched.renderMeters = renderMeters;
+
   function append(node, children) {
     if (children === null || children === undefined || children === false) return;
     if (Array.isArray(children)) {
@@ -440,6 +459,7 @@
   function start() {
     Sched.localizeTimes(document);
     renderDurations(document);
+    renderMeters(document);
     setupConfirmations();
     setupTimezoneInputs();
     setInterval(Sched.tickTimes, 1000);

@@ -12,7 +12,7 @@
     var capacity = node.capacity || 0;
     var percent = capacity ? Math.min(100, Math.round((100 * node.running_count) / capacity)) : 0;
     return [
-      el("span", { class: "meter", role: "img", "aria-label": node.running_count + " of " + capacity + " slots busy" }, el("span", { class: "meter__fill", style: "width: " + percent + "%" })),
+      el("span", { class: "meter", role: "img", "aria-label": node.running_count + " of " + capacity + " slots busy" }, el("span", { class: "meter__fill", style: { width: percent + "%" } })),
       " " + node.running_count + " / " + capacity,
     ];
   }

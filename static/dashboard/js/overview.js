@@ -188,7 +188,7 @@
         el("div", null, [
           el("dt", null, "Running"),
           el("dd", null, [
-            el("span", { class: "meter", role: "img", "aria-label": node.running_count + " of " + capacity + " slots busy" }, el("span", { class: "meter__fill", style: "width: " + percent + "%" })),
+            el("span", { class: "meter", role: "img", "aria-label": node.running_count + " of " + capacity + " slots busy" }, el("span", { class: "meter__fill", style: { width: percent + "%" } })),
             " " + node.running_count + " / " + capacity,
           ]),
         ]),
