@@ -13,8 +13,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs import services
-from jobs.models import AuditEvent, AuditSource, Job, JobExecution
+from jobs import services, tokens
+from jobs.models import ApiToken, AuditEvent, AuditSource, Job, JobExecution
 from jobs.roles import ADMIN, OPERATOR, VIEWER, has_role
 from jobs.validation import WRITABLE_FIELDS, JobValidationError, clean_job
 
@@ -211,3 +211,37 @@ class AuditEventAdmin(RoleAdminMixin, admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in AuditEvent._meta.fields]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(RoleAdminMixin, admin.ModelAdmin):
+    """API keys, by prefix: the key itself is not stored (issued by ``manage.py tokens issue``,
+    shown once). Admins may revoke one here (audited); nobody can read or add one."""
+
+    editable = False
+    list_display = ["user", "prefix", "name", "created_at", "expires_at", "last_used_at"]
+    list_filter = ["user"]
+    search_fields = ["user__username", "prefix", "name"]
+    exclude = ["digest"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in ApiToken._meta.fields if f.name != "digest"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_staff and has_role(request.user, ADMIN)
+
+    def delete_model(self, request: HttpRequest, obj: ApiToken) -> None:
+        tokens.revoke(obj.user, by=admin_actor(request), prefix=obj.prefix)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for token in queryset.select_related("user"):
+            tokens.revoke(token.user, by=admin_actor(request), prefix=token.prefix)
+
+
+# REST framework's own token table only feeds the migration that hashes its keys: never shown.
+try:
+    from rest_framework.authtoken.models import TokenProxy
+
+    admin.site.unregister(TokenProxy)
+except (ImportError, admin.sites.NotRegistered):
+    pass

@@ -6,6 +6,8 @@ admin alike; the database adds check and unique constraints as the last line of 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -260,3 +262,28 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_name or 'system'} {self.action} {self.object_type}:{self.object_id}"
+
+
+class ApiToken(models.Model):
+    """An API key, stored as its SHA-256 digest: the key itself is shown once, when issued, and
+    cannot be read back from the database, the admin or a backup. ``prefix`` (its first
+    characters) tells an operator which key is which. A key past ``expires_at`` is refused."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=64, blank=True, default="")
+    prefix = models.CharField(max_length=12)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)  # None: never
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["user_id", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'token'})"
+
+    def expired(self, now: datetime | None = None) -> bool:
+        return self.expires_at is not None and self.expires_at <= (now or timezone.now())

@@ -92,16 +92,28 @@ def make_user(db: None) -> Callable[..., object]:
     return make
 
 
+def api_key_for(user: object) -> str:
+    """A valid API key for ``user``, stored as the service stores one (a digest), without the
+    audit row ``tokens.issue`` writes: tests that count audit events see only their own."""
+    import secrets
+
+    from jobs import tokens
+    from jobs.models import ApiToken
+
+    key = secrets.token_urlsafe(32)
+    ApiToken.objects.create(user=user, prefix=key[:8], digest=tokens.digest(key))
+    return key
+
+
 @pytest.fixture
 def api_client_for(make_user: Callable[..., object]) -> Callable[[str | None], object]:
     """An APIClient authenticated by token as a user of the given role (None = no role)."""
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
     def client(role: str | None) -> APIClient:
         api = APIClient()
         user = make_user(role, f"api-{role or 'norole'}")
-        api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        api.credentials(HTTP_AUTHORIZATION=f"Token {api_key_for(user)}")
         api.user = user
         return api
 

@@ -121,9 +121,9 @@ def job_body(name: str, padding: int = 0) -> bytes:
 
 @pytest.fixture
 def admin_token(make_user: Callable[..., object]) -> str:
-    from rest_framework.authtoken.models import Token
+    from tests.conftest import api_key_for
 
-    return Token.objects.create(user=make_user("admin")).key
+    return api_key_for(make_user("admin"))
 
 
 def test_a_chunked_body_under_the_cap_is_parsed_like_any_other(admin_token: str) -> None:

@@ -317,10 +317,9 @@ class ChaosRun:
 
     def _define_jobs(self) -> tuple[list[int], str]:
         from django.contrib.auth import get_user_model
-        from rest_framework.authtoken.models import Token
 
         import cluster.verify.tasks  # noqa: F401 - registers chaos.record here, for validation
-        from jobs import services
+        from jobs import services, tokens
 
         ids = []
         for definition in job_definitions(self.plan.jobs, self.side_effects):
@@ -336,7 +335,7 @@ class ChaosRun:
         user = get_user_model().objects.create_superuser(
             OPERATOR_USERNAME, password=None, email="chaos@localhost"
         )
-        return ids, Token.objects.create(user=user).key
+        return ids, tokens.issue(user, by=services.SYSTEM, name="chaos")[0]
 
     def _start_proxy(self) -> None:
         if not self.plan.on_mysql:

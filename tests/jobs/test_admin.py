@@ -569,3 +569,39 @@ def test_read_only_models_even_for_admin(staff, objects, base, key):
     assert client.post(f"{base}{pk}/change/", {"status": "succeeded"}).status_code == 403
     run_action(client, base, "delete_selected", pk)
     assert state() == before
+
+
+# --- API keys ---------------------------------------------------------------------------------------
+
+
+def test_the_admin_lists_api_keys_by_prefix_never_their_digest_and_revokes_audited(staff):
+    from django.contrib.auth import get_user_model
+
+    from jobs import tokens
+    from jobs.models import ApiToken
+    from jobs.services import SYSTEM
+
+    admin = staff("admin")
+    user = get_user_model().objects.get(username="staff-admin")
+    key, token = tokens.issue(user, by=SYSTEM, name="deploy")
+    page = admin.get("/admin/jobs/apitoken/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert token.prefix in body and "deploy" in body
+    assert token.digest not in body and key not in body
+    detail = admin.get(f"/admin/jobs/apitoken/{token.pk}/change/").content.decode()
+    assert token.digest not in detail and key not in detail
+    assert admin.get("/admin/jobs/apitoken/add/").status_code == 403
+    # REST framework's clear-text token table is not in the admin.
+    assert admin.get("/admin/authtoken/tokenproxy/").status_code == 404
+    # A viewer cannot revoke; an admin can, and it is audited (source admin).
+    viewer = staff("viewer")
+    assert (
+        viewer.post(f"/admin/jobs/apitoken/{token.pk}/delete/", {"post": "yes"}).status_code == 403
+    )
+    response = admin.post(f"/admin/jobs/apitoken/{token.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not ApiToken.objects.exists()
+    event = AuditEvent.objects.get(action="token.revoke")
+    assert (event.source, event.actor_name) == ("admin", "staff-admin")
+    assert key not in str(event.changes)

@@ -11,12 +11,12 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
 from jobs.models import AuditEvent, Job, JobExecution
 from jobs.states import ExecutionStatus
+from tests.conftest import api_key_for
 
 PASSWORD = "pw-For-tests-1"  # the password tests/conftest.py's make_user gives every user
 ROLES = ["anonymous", "norole", "viewer", "operator", "admin"]
@@ -253,7 +253,7 @@ def test_superuser_without_group_is_admin(world, make_user):
     user.is_superuser = True
     user.save()
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_key_for(user)}")
     response = client.post("/api/jobs/", _full_definition("by-superuser"), format="json")
     assert response.status_code == 201
 
@@ -326,7 +326,7 @@ def test_session_viewer_with_csrf_token_still_cannot_write(world, make_user):
 def test_token_auth_write_needs_no_csrf(world, make_user):
     user = make_user("operator", "token-op")
     client = APIClient(enforce_csrf_checks=True)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_key_for(user)}")
     response = client.post(f"/api/jobs/{world['job']}/pause/")
     assert response.status_code == 200
     assert Job.objects.get(pk=world["job"]).enabled is False

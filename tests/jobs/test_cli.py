@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import stat
@@ -21,7 +22,7 @@ from rest_framework.test import APIClient
 
 from jobs import selectors
 from jobs.management.commands.jobs import EXIT_USAGE
-from jobs.models import AuditEvent, Job, JobExecution
+from jobs.models import ApiToken, AuditEvent, Job, JobExecution
 from jobs.services import Actor, job_create
 
 CLI = Actor(source="cli")
@@ -380,7 +381,9 @@ def test_createuser_changes_role_and_keeps_one_token(db):
         "createuser", "sam", "--role", "admin", "--token", "--password", "Pw-two-1234", "--update"
     )
     assert second.startswith("updated sam (admin)")
-    assert re.search(r"API token: (\S+)", second).group(1) == token
+    # Keys are stored hashed: the one the user has is kept, not shown again.
+    assert f"API token: kept ({token[:8]}…)" in second
+    assert token not in second
     user = get_user_model().objects.get(username="sam")
     assert sorted(user.groups.values_list("name", flat=True)) == ["admin"]
     assert authenticate(username="sam", password="Pw-two-1234") is not None
@@ -430,6 +433,7 @@ def test_createuser_changes_are_audited_without_secrets(db):
         "--update",
     )
     token = re.search(r"API token: (\S+)", first).group(1)
+    expires = ApiToken.objects.get(user__username="kim").expires_at.isoformat(timespec="seconds")
     events = list(
         AuditEvent.objects.filter(object_type="user")
         .order_by("id")
@@ -443,7 +447,13 @@ def test_createuser_changes_are_audited_without_secrets(db):
             "kim",
             {"role": [None, "viewer"], "password": [None, "(set)"]},
         ),
-        ("token.create", "cli", "cli", "kim", {}),
+        (
+            "token.create",
+            "cli",
+            "cli",
+            "kim",
+            {"token": [None, f"{token[:8]}…"], "expires_at": [None, expires]},
+        ),
         (
             "user.update",
             "cli",
@@ -471,37 +481,101 @@ def test_createuser_never_changes_an_existing_user_without_update(db):
 # --- tokens --------------------------------------------------------------------------------------
 
 
-def test_tokens_issue_rotate_list_and_revoke_are_audited(db):
-    from rest_framework.authtoken.models import Token
+def issued_key(output: str) -> str:
+    return re.search(r"API token for \S+: (\S+)", output).group(1)
 
+
+def test_tokens_issue_rotate_list_and_revoke_are_audited(db):
     run("createuser", "tia", "--role", "operator", "--password", "Pw-tia-12345")
-    first = re.search(r"API token for tia: (\S+)", run("tokens", "issue", "tia")).group(1)
+    first = issued_key(run("tokens", "issue", "tia", "--name", "ci"))
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {first}")
     assert client.get("/api/jobs/").status_code == 200
 
-    with pytest.raises(CommandError) as raised:
-        run("tokens", "issue", "tia")
-    assert raised.value.returncode == 2
-    second = re.search(r"API token for tia: (\S+)", run("tokens", "issue", "tia", "--rotate"))
-    second = second.group(1)
-    assert second != first
+    # A second key beside the first (move the clients, then revoke the old one).
+    second = issued_key(run("tokens", "issue", "tia"))
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Token {second}")
+    assert client.get("/api/jobs/").status_code == 200
+    assert other.get("/api/jobs/").status_code == 200
+    run("tokens", "revoke", "tia", "--prefix", first[:8])
     assert client.get("/api/jobs/").status_code == 401  # the old key no longer works
+    assert other.get("/api/jobs/").status_code == 200
 
+    third = issued_key(run("tokens", "issue", "tia", "--rotate"))
+    assert other.get("/api/jobs/").status_code == 401  # --rotate revoked the others
     listed = run("tokens", "list")
-    assert listed.startswith(f"tia\t{second[:6]}…")
-    assert second not in listed
+    assert listed.startswith(f"tia\t{third[:8]}…\t-\tcreated ")
+    assert third not in listed and "valid" in listed
 
     run("tokens", "revoke", "tia")
-    assert not Token.objects.filter(user__username="tia").exists()
+    assert not ApiToken.objects.filter(user__username="tia").exists()
     actions = list(
         AuditEvent.objects.filter(object_type="user", action__startswith="token.")
         .order_by("id")
         .values_list("action", "source")
     )
-    assert actions == [("token.create", "cli"), ("token.rotate", "cli"), ("token.revoke", "cli")]
+    assert actions == [
+        ("token.create", "cli"),
+        ("token.create", "cli"),
+        ("token.revoke", "cli"),
+        ("token.revoke", "cli"),
+        ("token.rotate", "cli"),
+        ("token.revoke", "cli"),
+    ]
     logged = json.dumps(list(AuditEvent.objects.values()), default=str)
-    assert first not in logged and second not in logged
+    for key in (first, second, third):
+        assert key not in logged
+
+
+def test_keys_are_stored_as_digests_and_expire(db, settings):
+    """Nothing in the database is a usable key; a key past its expiry is a 401 saying so; a
+    lifetime is chosen at issue (--days, --no-expiry) or by SCHEDULER_TOKEN_TTL_DAYS."""
+    run("createuser", "uma", "--role", "viewer", "--password", "Pw-uma-12345")
+    key = issued_key(run("tokens", "issue", "uma", "--days", "2"))
+    stored = json.dumps(list(ApiToken.objects.values()), default=str)
+    assert key not in stored
+    token = ApiToken.objects.get(user__username="uma")
+    assert token.digest == hashlib.sha256(key.encode()).hexdigest()
+    assert abs((token.expires_at - timezone.now()) - timedelta(days=2)) < timedelta(minutes=1)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert client.get("/api/jobs/").status_code == 200
+    assert ApiToken.objects.get(pk=token.pk).last_used_at is not None
+
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    response = client.get("/api/jobs/")
+    assert response.status_code == 401
+    assert "expired" in response.json()["detail"]
+
+    never = issued_key(run("tokens", "issue", "uma", "--no-expiry"))
+    assert ApiToken.objects.get(prefix=never[:8]).expires_at is None
+    settings.SCHEDULER_TOKEN_TTL_DAYS = 7
+    week = issued_key(run("tokens", "issue", "uma"))
+    expires = ApiToken.objects.get(prefix=week[:8]).expires_at
+    assert abs((expires - timezone.now()) - timedelta(days=7)) < timedelta(minutes=1)
+    with pytest.raises(CommandError) as raised:
+        run("tokens", "issue", "uma", "--days", "0")
+    assert raised.value.returncode == 2
+
+
+def test_the_migration_hashes_the_clear_keys_it_finds(db):
+    """A key REST framework stored in clear before the upgrade keeps working, stored hashed."""
+    import importlib
+
+    from django.apps import apps
+    from rest_framework.authtoken.models import Token
+
+    run("createuser", "old", "--role", "viewer", "--password", "Pw-old-12345")
+    clear = Token.objects.create(user=get_user_model().objects.get(username="old")).key
+    migration = importlib.import_module("jobs.migrations.0005_api_tokens")
+    migration.move_clear_keys(apps, None)
+    assert not Token.objects.exists()
+    token = ApiToken.objects.get(user__username="old")
+    assert token.digest == hashlib.sha256(clear.encode()).hexdigest() and clear not in token.digest
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {clear}")
+    assert client.get("/api/jobs/").status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ existing one's role and password (an existing user is never changed without it).
 
 A password given with ``--password`` must pass the configured password validators (a weak one is
 refused with exit 2); the generated one is printed once. Every change (user created or updated, role
-set, password set, token issued) is written to the audit log, source ``cli``; the password and the
+set, password set, key issued) is written to the audit log, source ``cli``; the password and the
 token themselves never are."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
+from jobs import tokens
 from jobs.models import AuditSource
 from jobs.roles import ROLES, user_role
 from jobs.services import Actor, audit_record
@@ -38,7 +39,9 @@ class Command(BaseCommand):
         parser.add_argument("username")
         parser.add_argument("--role", choices=ROLES, required=True)
         parser.add_argument("--password", help="Default: a random one, printed once")
-        parser.add_argument("--token", action="store_true", help="Also print an API token")
+        parser.add_argument(
+            "--token", action="store_true", help="Also issue an API key (printed once)"
+        )
         parser.add_argument(
             "--update",
             action="store_true",
@@ -55,8 +58,6 @@ class Command(BaseCommand):
         update: bool = False,
         **_: Any,
     ) -> None:
-        from rest_framework.authtoken.models import Token
-
         model = get_user_model()
         try:
             model.username_validator(username)
@@ -96,20 +97,19 @@ class Command(BaseCommand):
                 object_repr=username,
                 changes={"role": [before, role], "password": [None, PASSWORD_SET]},
             )
-            key = None
+            key = kept = None
             if token:
-                issued, new_token = Token.objects.get_or_create(user=user)
-                key = issued.key
-                if new_token:
-                    audit_record(
-                        by=CLI,
-                        action="token.create",
-                        object_type="user",
-                        object_id=user.pk,
-                        object_repr=username,
-                    )
+                # One key from here: a user who has one keeps it (it cannot be shown again; a
+                # new one is issued by ``tokens issue``).
+                kept = user.api_tokens.order_by("created_at").first()
+                if kept is None:
+                    key = tokens.issue(user, by=CLI, name="createuser")[0]
         self.stdout.write(
             f"{'created' if created else 'updated'} {username} ({role}); password: {password}"
         )
         if key is not None:
             self.stdout.write(f"API token: {key}")
+        elif kept is not None:
+            self.stdout.write(
+                f"API token: kept ({kept.prefix}…); `manage.py tokens issue {username}` for a new one"
+            )
