@@ -16,7 +16,7 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
 
     django.setup()
     from cluster.executor.output import call_task
-    from jobs import registry
+    from jobs import registry, secrets
     from jobs.executions import jsonable_result
 
     context = registry.TaskContext(
@@ -28,6 +28,8 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
     )
     try:
         spec = registry.get_task(task_name)
+        # Secrets are resolved here, in the child: they never cross the pipe.
+        args, kwargs = secrets.resolve_call(args, kwargs)
         value = call_task(spec, args, kwargs, context)
         conn.send({"ok": True, "result": jsonable_result(value), "output": context.output})
     except BaseException as exc:  # report everything, including SystemExit, to the parent

@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
-from jobs import registry, schedules
+from jobs import registry, schedules, secrets
 from jobs.models import (
     MAX_BACKOFF_S,
     MAX_GRACE_S,
@@ -263,10 +263,20 @@ def _datetime(errors: _Errors, field: str, value: Any) -> datetime | None:
 
 def _call_arguments(errors: _Errors, task: str | None, args: Any, kwargs: Any) -> None:
     """A task call's arguments: they must bind to the task (when it is known) and stay within
-    SCHEDULER_MAX_ARGS_BYTES each, as JSON."""
-    if task is not None:
+    SCHEDULER_MAX_ARGS_BYTES each, as JSON; a credential in them must be a secret reference
+    (``jobs.secrets``), checked against the task with a stand-in for the secret."""
+    plain = [
+        problem
+        for field, value in (("args", args), ("kwargs", kwargs))
+        for problem in secrets.problems(value, field)
+    ]
+    for path, message in plain:
+        errors.add(path, message)
+    if task is not None and not plain:
         try:
-            registry.validate_task_call(task, args, kwargs)
+            registry.validate_task_call(
+                task, secrets.placeholders(args), secrets.placeholders(kwargs)
+            )
         except registry.UnknownTask as exc:
             errors.add("task", str(exc))
         except registry.TaskArgumentError as exc:

@@ -211,6 +211,9 @@ else:
 SCHEDULER_TASK_MODULES = env_list("SCHEDULER_TASK_MODULES")
 # Hosts the http_request task may call (exact host names; empty = none). Nothing else is reachable.
 SCHEDULER_HTTP_ALLOWED_HOSTS = env_list("SCHEDULER_HTTP_ALLOWED_HOSTS")
+# Where a node looks for a secret a task's arguments reference ({"$secret": "NAME"}) when the
+# variable SCHEDULER_SECRET_NAME is not set: the file <dir>/NAME (see jobs/secrets.py).
+SCHEDULER_SECRETS_DIR = os.environ.get("SCHEDULER_SECRETS_DIR", "")
 # /metrics is served only when this is set, to scrapes sending "Authorization: Bearer <token>".
 SCHEDULER_METRICS_TOKEN = os.environ.get("SCHEDULER_METRICS_TOKEN", "")
 SCHEDULER_HTTP_MAX_TIMEOUT_S = env_int("SCHEDULER_HTTP_MAX_TIMEOUT_S", 30)

@@ -25,7 +25,7 @@ from cluster.child import run_task
 from cluster.clock import Clock
 from cluster.executor.output import call_task, install_output_capture, task_context
 from cluster.executor.runs import ActiveRun, Outcome
-from jobs import registry
+from jobs import registry, secrets
 from jobs.models import Isolation
 from jobs.states import ExecutionStatus
 from scheduler_project.logging import execution_context
@@ -185,7 +185,7 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
     try:
         try:
             spec = registry.get_task(job.task)
-            args, kwargs = run.execution.call_arguments()
+            args, kwargs = secrets.resolve_call(*run.execution.call_arguments())
             value = call_task(spec, args, kwargs, context)
         finally:
             stdout.detach()  # the last, unterminated line belongs to the outcome's output

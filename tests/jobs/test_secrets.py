@@ -1,0 +1,186 @@
+"""Secrets in task arguments: a plain credential is refused where a job or a run is written (400,
+naming the field, nothing written); a reference ({"$secret": "NAME"}) is what is stored and shown,
+and the node resolves it just before the call, from SCHEDULER_SECRET_<NAME> or the secrets
+directory; a secret set nowhere fails the run naming it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.coordination.memory import MemoryBackend
+from cluster.executor import Executor
+from cluster.membership import Membership
+from jobs import secrets, services
+from jobs.models import AuditEvent, Job, JobExecution
+from jobs.registry import task
+from jobs.states import TERMINAL_STATES, ExecutionStatus
+from tests.cluster.harness import wait_for
+
+S = ExecutionStatus
+SECRET_VALUE = "s3cr3t-value-for-the-test"
+
+
+@task("test.secret_echo")
+def secret_echo(value: str, headers: dict | None = None) -> dict:
+    """Returns what it was called with (so the test can see the resolved value)."""
+    return {"value": value, "headers": headers}
+
+
+def job_payload(name: str, **kwargs: object) -> dict:
+    return {
+        "name": name,
+        "task": "http_request",
+        "schedule_type": "interval",
+        "interval_seconds": 60,
+        "kwargs": {"url": "https://api.example.com/ping", **kwargs},
+    }
+
+
+@pytest.fixture(autouse=True)
+def _allowed_host(settings):
+    settings.SCHEDULER_HTTP_ALLOWED_HOSTS = ["api.example.com"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"headers": {"Authorization": "Bearer abc123"}}, "kwargs.headers.Authorization"),
+        ({"headers": {"X-Api-Key": "abc123"}}, "kwargs.headers.X-Api-Key"),
+        ({"url": "https://bob:hunter2@api.example.com/ping"}, "kwargs.url"),
+        ({"headers": {"Authorization": {"$secret": "lower-case"}}}, "kwargs.headers.Authorization"),
+        (
+            {"headers": {"Authorization": {"$secret": "A", "extra": 1}}},
+            "kwargs.headers.Authorization",
+        ),
+    ],
+    ids=["authorization", "api-key", "url-password", "bad-name", "bad-reference"],
+)
+def test_a_plain_credential_is_a_400_naming_the_field_and_nothing_is_written(
+    admin_api, kwargs, field
+):
+    response = admin_api.post("/api/jobs/", job_payload("leaky", **kwargs), format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json(), response.json()
+    assert not Job.objects.filter(name="leaky").exists()
+    assert not AuditEvent.objects.filter(object_type="job").exists()
+
+
+def test_a_reference_is_stored_and_shown_never_a_value(admin_api, api_client_for):
+    headers = {"Authorization": {"$secret": "PING_TOKEN"}}
+    response = admin_api.post("/api/jobs/", job_payload("safe", headers=headers), format="json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(name="safe")
+    assert job.kwargs["headers"] == headers
+    viewer = api_client_for("viewer")
+    shown = viewer.get(f"/api/jobs/{job.pk}/").json()
+    assert shown["kwargs"]["headers"] == headers
+    event = AuditEvent.objects.get(object_type="job", action="job.create")
+    assert "PING_TOKEN" in json.dumps(event.changes)
+
+
+def test_the_enqueue_api_refuses_a_plain_credential_per_run(admin_api):
+    job = services.job_create(
+        data={
+            "name": "echo",
+            "task": "test.secret_echo",
+            "schedule_type": "interval",
+            "interval_seconds": 3600,
+            "kwargs": {"value": "x"},
+        },
+        by=services.SYSTEM,
+    )
+    response = admin_api.post(
+        f"/api/jobs/{job.pk}/enqueue/",
+        {"runs": [{"kwargs": {"value": "x"}}, {"kwargs": {"value": "x", "password": "p"}}]},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert "1.kwargs.password" in response.json()
+    assert not JobExecution.objects.filter(job=job).exists()
+
+
+def test_secrets_resolve_from_the_environment_then_the_secrets_directory(
+    monkeypatch, settings, tmp_path: Path
+):
+    settings.SCHEDULER_SECRETS_DIR = str(tmp_path)
+    (tmp_path / "FROM_FILE").write_text("file-value\n")
+    monkeypatch.setenv("SCHEDULER_SECRET_FROM_ENV", "env-value")
+    value = {"a": [{"$secret": "FROM_ENV"}], "b": {"$secret": "FROM_FILE"}, "c": 3}
+    assert secrets.resolve(value) == {"a": ["env-value"], "b": "file-value", "c": 3}
+    with pytest.raises(secrets.SecretMissing) as raised:
+        secrets.resolve({"$secret": "NOWHERE"})
+    assert "NOWHERE" in str(raised.value) and "SCHEDULER_SECRET_NOWHERE" in str(raised.value)
+
+
+# --- at run time, on a real executor ------------------------------------------------------------
+
+
+@pytest.fixture
+def executor(transactional_db) -> Iterator[Executor]:
+    backend = MemoryBackend()
+    membership = Membership(backend, "secrets-node", ttl_s=3600)
+    membership.renew({})
+    runner = Executor(
+        node_id="secrets-node",
+        queues=["default"],
+        capacity=2,
+        backend=backend,
+        membership=membership,
+        heartbeat_s=1.0,
+    )
+    stop = threading.Event()
+    starter = threading.Thread(target=runner.run_starter, args=(stop,), daemon=True)
+    starter.start()
+    yield runner
+    runner.claiming = False
+    runner.wait_idle(10)
+    stop.set()
+    runner.wake_starter()
+    starter.join(10)
+
+
+def run_once(executor: Executor, kwargs: dict) -> JobExecution:
+    job = services.job_create(
+        data={
+            "name": f"echo-{len(kwargs)}-{JobExecution.objects.count()}",
+            "task": "test.secret_echo",
+            "schedule_type": "interval",
+            "interval_seconds": 3600,
+            "concurrency_policy": "allow",
+            "kwargs": {"value": "the job's own"},
+        },
+        by=services.SYSTEM,
+    )
+    [execution] = services.runs_enqueue(
+        job_id=job.pk, items=[{"kwargs": kwargs}], by=services.SYSTEM
+    )
+    assert executor.claim_once() == 1
+
+    def done() -> JobExecution | None:
+        row = JobExecution.objects.get(pk=execution.pk)
+        return row if row.status in TERMINAL_STATES else None
+
+    return wait_for(done, 15)
+
+
+def test_the_node_calls_the_task_with_the_secret_and_stores_only_the_reference(
+    executor, monkeypatch
+):
+    monkeypatch.setenv("SCHEDULER_SECRET_PING_TOKEN", SECRET_VALUE)
+    reference = {"$secret": "PING_TOKEN"}
+    done = run_once(executor, {"value": reference, "headers": {"Authorization": reference}})
+    assert done.status == S.SUCCEEDED, done.error
+    assert done.result == {"value": SECRET_VALUE, "headers": {"Authorization": SECRET_VALUE}}
+    assert done.kwargs == {"value": reference, "headers": {"Authorization": reference}}
+
+
+def test_a_secret_set_nowhere_fails_the_run_naming_it(executor, monkeypatch):
+    monkeypatch.delenv("SCHEDULER_SECRET_ABSENT", raising=False)
+    done = run_once(executor, {"value": {"$secret": "ABSENT"}})
+    assert done.status == S.FAILED
+    assert "SecretMissing" in done.error and "ABSENT" in done.error
