@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
-from cluster import scheduler
+from cluster import node_metrics, scheduler
 from cluster.clock import Clock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.elector import ElectionConfig, LeaderElector
@@ -294,11 +294,14 @@ class NodeRunner:
 
     def presence_once(self) -> float:
         """Renew this node's presence; on a lapse, give up what was claimed under it."""
+        began = time.monotonic()
         try:
             continuous = self.membership.renew(
                 {"pid": os.getpid(), "running": self.executor.running_count}
             )
+            node_metrics.presence(time.monotonic() - began)
         except Exception as exc:
+            node_metrics.presence(None)
             logger.warning(
                 "presence renewal failed (%s); %.2f s of confirmed membership left",
                 exc,
@@ -394,6 +397,7 @@ class NodeRunner:
             return
         self._term = lease.term
         self._leading.set()
+        node_metrics.leading(lease.term, "started")
         self._term_in_logs(lease.term)
         logger.info("started leading (term %s)", lease.term, extra=extra)
 
@@ -404,6 +408,7 @@ class NodeRunner:
 
     def _record_term_end(self, lease: Lease, reason: str) -> None:
         self._term_in_logs(None)
+        node_metrics.leading(None, reason)
         extra = {**self._log_extra, "term": lease.term}
         logger.info("stopped leading (term %s): %s", lease.term, reason, extra=extra)
         end_reason = (

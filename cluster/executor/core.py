@@ -31,7 +31,7 @@ from django.db import (
     transaction,
 )
 
-from cluster import admission
+from cluster import admission, node_metrics
 from cluster.admission import Decision, HandBack, Lock, Skip, Start, Wait
 from cluster.clock import Clock, SystemClock
 from cluster.coordination import (
@@ -203,6 +203,7 @@ class Executor:
     def claim_once(self) -> int:
         """Claim what fits; returns the number claimed. Called by the node's claim loop. Why a
         pass took nothing is kept in ``idle_reason`` (the node logs one that lasts)."""
+        node_metrics.claim_pass()
         if not self.claiming:
             self.idle_reason = "draining"
             return 0
@@ -217,6 +218,7 @@ class Executor:
         self.idle_reason = None
         epoch = self.membership.epoch
         now = self._now()
+        began = time.monotonic()
         claimed = executions.claim_batch(
             node_id=self.node_id,
             queues=self.queues,
@@ -226,6 +228,7 @@ class Executor:
             start_now=self._startable_at_claim,
             look_first=not self._last_claim_found,
         )
+        node_metrics.claim(len(claimed), time.monotonic() - began)
         self._last_claim_found = bool(claimed)
         if not claimed:
             self.idle_reason = "nothing due"
@@ -693,6 +696,14 @@ class Executor:
             body_ended = body_ended or not run.process.is_alive()
         lock = self._take_lock(run) if body_ended else None
         self.finisher.put(outcome)
+        node_metrics.outcome(
+            run.execution.job.name,
+            outcome.status,
+            None if outcome.started is None else outcome.started - run.due,
+            None
+            if outcome.started is None or outcome.ended is None
+            else outcome.ended - outcome.started,
+        )
         if lock is not None:
             self._release_lock(lock)
         # Room again (an outcome waiting for the finisher counts only beyond a budget): the

@@ -5,11 +5,13 @@ an older fire of the job is still waiting. One query per kind for the whole batc
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 
+from cluster import node_metrics
 from cluster.admission import Blocker, Facts, Lock
 from cluster.coordination import (
     CoordinationBackend,
@@ -183,10 +185,22 @@ def try_job_locks(
     if not batch:
         return []
     names = [f"job:{execution.job_id}" for execution in batch]
+    began = time.monotonic()
     try:
         results = backend.acquire_locks(names, ttl_ms)
     except CoordinationError as exc:
         results = [exc] * len(batch)
+    node_metrics.locks(
+        (
+            "unavailable"
+            if isinstance(result, CoordinationError)
+            else "taken"
+            if result is None
+            else "held"
+            for result in results
+        ),
+        time.monotonic() - began,
+    )
     locks: list[tuple[Lock, LockWatchdog | None]] = []
     for execution, result in zip(batch, results, strict=True):
         if isinstance(result, CoordinationError):

@@ -19,6 +19,7 @@ from django.db import (
     transaction,
 )
 
+from cluster import node_metrics
 from cluster.clock import Clock
 from cluster.executor.runs import Outcome
 from jobs import executions
@@ -101,9 +102,10 @@ class Finisher:
             try:
                 now = self._now()
                 with transaction.atomic():
-                    executions.finish_batch(
+                    won = executions.finish_batch(
                         [(outcome.run.execution, _keywords(outcome)) for outcome in batch], now=now
                     )
+                node_metrics.fenced(len(batch) - len(won))
                 written = True
             except (OperationalError, InterfaceError) as exc:
                 connection.close()  # reconnect on the next try

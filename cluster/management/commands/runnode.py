@@ -19,6 +19,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
+from cluster import node_metrics
 from cluster.apps import limit_idle_transactions
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
@@ -66,6 +67,17 @@ class Command(BaseCommand):
         )
         parser.add_argument("--lookahead-s", type=float, default=LOOKAHEAD_S)
         parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="Drain grace (s)")
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=0,
+            help="Serve this node's /metrics, /health/live and /health/ready on this port (0: off)",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="0.0.0.0",  # noqa: S104 - a node pod is probed on its own address
+            help="Address for --metrics-port",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -83,6 +95,8 @@ class Command(BaseCommand):
                     retry_period_ms=options["retry_period_ms"],
                 ),
             )
+            if not 0 <= options["metrics_port"] <= 65535:
+                raise ValueError("--metrics-port must be a TCP port (1-65535), or 0 for none")
             idle_s = settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S
             if idle_s and idle_s * 1000 >= config.election.renew_deadline_ms:
                 raise ValueError(
@@ -128,6 +142,7 @@ class Command(BaseCommand):
             self.stdout.write(f"node {config.node_id} stopped before it could register")
             return
         connections.close_all()  # the main thread holds none while the node runs
+        server = self._serve_metrics(node, options["metrics_host"], options["metrics_port"])
         node.start(registered=True)
         self.stdout.write(f"node {config.node_id} running (pid {os.getpid()})")
         self.stdout.flush()
@@ -135,4 +150,25 @@ class Command(BaseCommand):
             if drain_requested.wait(0.2):
                 node.shutdown()
         node.join()
+        if server is not None:
+            server.shutdown()
         self.stdout.write(f"node {config.node_id} stopped")
+
+    def _serve_metrics(self, node: NodeRunner, host: str, port: int) -> Any:
+        if not port:
+            return None
+        metrics = node_metrics.enable(node.config.node_id)
+        app = node_metrics.app(
+            metrics,
+            tracked=node.executor.snapshot,
+            capacity=node.config.capacity,
+            ready=node.membership.confirmed,
+        )
+        try:
+            server = node_metrics.serve(app, host, port)
+        except OSError as exc:
+            # The node runs without its metrics rather than not at all; the log says why.
+            logger.error("cannot serve metrics on %s:%s: %s", host, port, exc)
+            return None
+        self.stdout.write(f"metrics on http://{host}:{server.server_port}/metrics")
+        return server
