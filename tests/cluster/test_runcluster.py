@@ -40,12 +40,31 @@ def environment(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def answers(port: int) -> bool:
+def answers(port: int, path: str = "/health/live") -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/live", timeout=2) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
             return reply.status == 200
     except OSError:
         return False
+
+
+def free_run_of_ports(count: int) -> int:
+    """A port P with P+1 .. P+count free (for --metrics-port P)."""
+    for _ in range(50):
+        base = free_port()
+        ports = range(base + 1, base + count + 1)
+        if ports[-1] < 65536 and all(_free(port) for port in ports):
+            return base
+    raise AssertionError("no run of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def alive(pid: int) -> bool:
@@ -70,10 +89,21 @@ def test_a_crashed_node_is_restarted_and_a_drained_one_stays_down(tmp_path):
         timeout=120,
     )
     port = free_port()
+    metrics = free_run_of_ports(2)
     log = tmp_path / "cluster.log"
     with log.open("w") as out:
         cluster = subprocess.Popen(
-            [sys.executable, "manage.py", "runcluster", "--port", str(port), "--nodes", "2"],
+            [
+                sys.executable,
+                "manage.py",
+                "runcluster",
+                "--port",
+                str(port),
+                "--nodes",
+                "2",
+                "--metrics-port",
+                str(metrics),
+            ],
             cwd=ROOT,
             env=env,
             stdout=out,
@@ -83,12 +113,16 @@ def test_a_crashed_node_is_restarted_and_a_drained_one_stays_down(tmp_path):
             started = wait_for(lambda: re.search(r"started (.*)", log.read_text()), 30)
             pids = dict(re.findall(r"(\S+) \(pid (\d+)\)", started.group(1)))
             wait_for(lambda: answers(port), 30)
+            # Each node serves its probes on --metrics-port + its index.
+            wait_for(lambda: answers(metrics + 1, "/health/ready"), 30)
+            wait_for(lambda: answers(metrics + 2, "/health/ready"), 30)
 
             os.kill(int(pids["node-1"]), signal.SIGKILL)
             restarted = wait_for(
                 lambda: re.search(r"restarted node-1 \(pid (\d+)\)", log.read_text()), 30
             )
             assert alive(int(restarted.group(1)))
+            wait_for(lambda: answers(metrics + 1, "/health/ready"), 30)  # the new process
 
             os.kill(int(pids["node-2"]), signal.SIGTERM)  # drained: exits 0
             wait_for(lambda: "node-2 stopped (drained" in log.read_text(), 60)

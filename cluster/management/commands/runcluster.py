@@ -70,10 +70,26 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--nodes", type=int, default=3, help="Scheduler nodes to start")
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=0,
+            help="Node i serves its metrics and probes on this port + i, on --host (0: none)",
+        )
 
-    def handle(self, *args: Any, host: str, port: int, nodes: int, **_: Any) -> None:
+    def handle(
+        self, *args: Any, host: str, port: int, nodes: int, metrics_port: int = 0, **_: Any
+    ) -> None:
         if not port_is_free(host, port):
             raise CommandError(ERR_PORT_TAKEN.format(port=port, host=host))
+        if metrics_port and not 0 < metrics_port + nodes <= 65535:
+            raise CommandError("--metrics-port: node ports must fall within 1-65535", returncode=2)
+        for index in range(1, nodes + 1) if metrics_port else ():
+            if not port_is_free(host, metrics_port + index):
+                raise CommandError(
+                    f"metrics port {metrics_port + index} on {host} is already in use: choose "
+                    "another --metrics-port"
+                )
         web = Supervised(
             "web",
             [
@@ -92,7 +108,17 @@ class Command(BaseCommand):
             workers = [
                 Supervised(
                     f"node-{index}",
-                    [sys.executable, "manage.py", "runnode", "--node-id", f"node-{index}"],
+                    [sys.executable, "manage.py", "runnode", "--node-id", f"node-{index}"]
+                    + (
+                        [
+                            "--metrics-host",
+                            host,
+                            "--metrics-port",
+                            str(metrics_port + index),
+                        ]
+                        if metrics_port
+                        else []
+                    ),
                 )
                 for index in range(1, nodes + 1)
             ]
