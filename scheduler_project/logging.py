@@ -86,3 +86,19 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
         return json.dumps(payload, default=str)
+
+
+class OneLineCacheErrors(logging.Filter):
+    """django-redis logs every cache error it ignores (Redis down: each API call's throttle check)
+    with a full traceback. One line each says as much: the cause, and that the call went on
+    without the cache."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            cause = record.exc_info[1]
+            record.msg = "cache unavailable, going on without it: %s: %s"
+            record.args = (type(cause).__name__, cause)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = None
+            record.exc_text = None
+        return True

@@ -329,7 +329,10 @@ LOGGING = {
         "json": {"()": "scheduler_project.logging.JsonFormatter"},
         "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s%(context)s"},
     },
-    "filters": {"context": {"()": "scheduler_project.logging.ContextFilter"}},
+    "filters": {
+        "context": {"()": "scheduler_project.logging.ContextFilter"},
+        "one_line_cache_errors": {"()": "scheduler_project.logging.OneLineCacheErrors"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
@@ -338,7 +341,10 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "django_redis.cache": {"filters": ["one_line_cache_errors"]},
+    },
 }
 
 # On MariaDB, a node frozen inside a transaction (SIGSTOP, a paused VM) would hold its row locks

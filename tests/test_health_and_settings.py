@@ -288,3 +288,26 @@ def test_probes_answer_a_pod_ip_host_under_production_settings(tmp_path):
     live, ready, api, page = json.loads(result.stdout.strip().splitlines()[-1])
     assert (live, ready) == (200, 200), result.stderr
     assert (api, page) == (400, 400)
+
+
+def test_a_cache_error_while_redis_is_down_is_one_warning_line(settings, caplog):
+    """django-redis logs each error it ignores with a traceback (every API call's throttle while
+    Redis is down); the logging config makes it one line naming the cause."""
+    import socket
+
+    from django_redis.cache import RedisCache
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    settings.DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
+    cache = RedisCache(
+        f"redis://127.0.0.1:{closed}/0",
+        {"OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "IGNORE_EXCEPTIONS": True}},
+    )
+    caplog.set_level("WARNING", logger="django_redis.cache")
+    assert cache.get("anything") is None  # ignored: the call goes on
+    [record] = [r for r in caplog.records if r.name == "django_redis.cache"]
+    assert record.levelname == "WARNING" and record.exc_info is None
+    assert record.getMessage().startswith("cache unavailable, going on without it: ")
+    assert "Connection" in record.getMessage()
