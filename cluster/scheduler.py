@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from cluster import tracing
 from cluster.fencing import fenced_transaction
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
 from jobs import executions, schedules
@@ -253,7 +254,15 @@ def scheduler_tick(
             result.skipped = len(created) - result.fired
             result.fired_ids = [r.pk for r in created if r.status == ExecutionStatus.PENDING]
             result.more = len(jobs) == batch_size
+            names = {job.pk: job.name for job in jobs}
+            traced = [
+                (r.pk, names.get(r.job_id, ""), r.scheduled_for)
+                for r in created
+                if r.status == ExecutionStatus.PENDING
+            ]
         result.promoted = executions.promote_due_retries(horizon=horizon)
+    if jobs:
+        tracing.fires(traced, at=now, term=term)  # committed: the fires exist
     return result
 
 

@@ -31,7 +31,7 @@ from django.db import (
     transaction,
 )
 
-from cluster import admission, node_metrics
+from cluster import admission, node_metrics, tracing
 from cluster.admission import Decision, HandBack, Lock, Skip, Start, Wait
 from cluster.clock import Clock, SystemClock
 from cluster.coordination import (
@@ -229,6 +229,16 @@ class Executor:
             look_first=not self._last_claim_found,
         )
         node_metrics.claim(len(claimed), time.monotonic() - began)
+        if claimed and tracing.enabled():
+            claim_end = self.clock.now()
+            for execution in claimed:
+                tracing.span(
+                    "claim",
+                    execution.pk,
+                    start=now,
+                    end=claim_end,
+                    attributes={"scheduler.node": self.node_id, "scheduler.batch": len(claimed)},
+                )
         self._last_claim_found = bool(claimed)
         if not claimed:
             self.idle_reason = "nothing due"
@@ -260,6 +270,29 @@ class Executor:
         if len(started) < len(claimed):
             self._wake_starter.set()
         return len(claimed)
+
+    def _trace_run(self, outcome: Outcome) -> None:
+        """The start (claimed to body start) and run (the body) spans of a run's trace."""
+        execution = outcome.run.execution
+        attributes = {"scheduler.node": self.node_id, "scheduler.job": execution.job.name}
+        if outcome.started is None:
+            return  # ended before its body started: no start, no run
+        if execution.claimed_at is not None:
+            tracing.span(
+                "start",
+                execution.pk,
+                start=execution.claimed_at,
+                end=outcome.started,
+                attributes={**attributes, "scheduler.due": outcome.run.due},
+            )
+        tracing.span(
+            "run",
+            execution.pk,
+            start=outcome.started,
+            end=outcome.ended or self.clock.now(),
+            attributes={**attributes, "scheduler.outcome": outcome.status},
+            error=outcome.error or None,
+        )
 
     def _startable_at_claim(self, claimed: list[JobExecution]) -> list[JobExecution]:
         """The claimed runs that start in the claim's own transaction: due already, of a job
@@ -696,6 +729,8 @@ class Executor:
             body_ended = body_ended or not run.process.is_alive()
         lock = self._take_lock(run) if body_ended else None
         self.finisher.put(outcome)
+        if tracing.enabled():
+            self._trace_run(outcome)
         node_metrics.outcome(
             run.execution.job.name,
             outcome.status,

@@ -19,7 +19,7 @@ from django.db import (
     transaction,
 )
 
-from cluster import node_metrics
+from cluster import node_metrics, tracing
 from cluster.clock import Clock
 from cluster.executor.runs import Outcome
 from jobs import executions
@@ -107,6 +107,19 @@ class Finisher:
                     )
                 node_metrics.fenced(len(batch) - len(won))
                 written = True
+                if tracing.enabled():
+                    committed = self.clock.now()
+                    for outcome in batch:
+                        tracing.span(
+                            "finish",
+                            outcome.run.execution.pk,
+                            start=outcome.ended or committed,
+                            end=committed,
+                            attributes={
+                                "scheduler.outcome": outcome.status,
+                                "scheduler.written": outcome.run.execution.pk in won,
+                            },
+                        )
             except (OperationalError, InterfaceError) as exc:
                 connection.close()  # reconnect on the next try
                 if self.clock.monotonic() > give_up:

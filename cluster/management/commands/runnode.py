@@ -16,10 +16,11 @@ import threading
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from cluster import node_metrics
+from cluster import node_metrics, tracing
 from cluster.apps import limit_idle_transactions
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
@@ -105,6 +106,10 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         set_process_context(node=config.node_id)  # on every log line of this process
+        try:
+            tracing.configure(config.node_id)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         limit_idle_transactions(settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S)
         connections.close_all()  # reopened with the limit
         coordination = options["coordination"] or settings.SCHEDULER_COORDINATION
@@ -152,6 +157,7 @@ class Command(BaseCommand):
         node.join()
         if server is not None:
             server.shutdown()
+        tracing.shutdown()
         self.stdout.write(f"node {config.node_id} stopped")
 
     def _serve_metrics(self, node: NodeRunner, host: str, port: int) -> Any:
