@@ -22,7 +22,7 @@ def test_compose_file_defines_the_cluster():
 
 def test_dockerfile_copies_only_existing_paths():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    for source in re.findall(r"^COPY (\S+) ", dockerfile, re.M):
+    for source in re.findall(r"^COPY (?!--from=)(\S+) ", dockerfile, re.M):
         assert (ROOT / source).exists(), source
 
 
@@ -55,3 +55,68 @@ def test_node_pods_are_probed_on_the_port_runnode_serves_its_metrics_on():
     for name in ("node-1", "node-2", "node-3"):
         parsed = parser.parse_args(compose["services"][name]["command"][3:])
         assert parsed.metrics_port == 9100
+
+
+def _stages(dockerfile: str) -> list[str]:
+    return re.split(r"^FROM ", dockerfile, flags=re.M)[1:]
+
+
+def _apt_installs(text: str) -> list[str]:
+    packages = []
+    for line in re.findall(r"apt-get install ([^\n&\\]+)", text):
+        packages += [word for word in line.split() if not word.startswith("-")]
+    return packages
+
+
+def test_the_image_is_multi_stage_non_root_and_installs_no_build_tools_in_the_final_stage():
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    stages = _stages(dockerfile)
+    assert len(stages) == 2, "a builder stage and a final stage"
+    final = stages[-1]
+    assert set(_apt_installs(final)) == {"libmariadb3"}  # the runtime library mysqlclient needs
+    assert "gcc" in _apt_installs(stages[0])
+    assert re.search(r"^USER (?!root)\S+", final, re.M)
+    assert re.search(r"^HEALTHCHECK .*health/live", final, re.M | re.S)
+    # Every install in a RUN comes after that RUN's own apt-get update (the lists are removed at
+    # the end of each RUN: an install in a later one could find nothing).
+    for run in re.findall(r"^RUN (.*?)(?=^\S|\Z)", dockerfile, re.M | re.S):
+        if "apt-get install" in run:
+            assert run.index("apt-get update") < run.index("apt-get install"), run
+
+
+def test_every_package_the_image_installs_exists_in_its_debian_release():
+    """Checked with this machine's apt when it runs the image's Debian release (bookworm)."""
+    import shutil
+    import subprocess
+
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    release = re.search(r"^FROM python:\S+-slim-(\w+)", dockerfile, re.M).group(1)
+    os_release = Path("/etc/os-release")
+    here = (
+        re.search(r"^VERSION_CODENAME=(\w+)", os_release.read_text(), re.M)
+        if os_release.exists()
+        else None
+    )
+    if shutil.which("apt-cache") is None or here is None or here.group(1) != release:
+        import pytest
+
+        pytest.skip(f"needs apt on Debian {release}")
+    for package in set(_apt_installs(dockerfile)):
+        shown = subprocess.run(
+            ["apt-cache", "show", "--no-all-versions", package],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 0 and "Version:" in shown.stdout, package
+
+
+def test_compose_builds_one_image_and_checks_each_services_health_where_it_listens():
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    services = compose["services"]
+    built = [name for name, service in services.items() if "build" in service]
+    assert {services[name]["image"] for name in built} == {"${SCHEDULER_IMAGE:-scheduler:local}"}
+    for name in ("node-1", "node-2", "node-3"):
+        test = " ".join(services[name]["healthcheck"]["test"])
+        assert "127.0.0.1:9100/health/live" in test and "stop_grace_period" in services[name]
+    assert "8000/health/ready" in " ".join(services["web"]["healthcheck"]["test"])
