@@ -120,3 +120,71 @@ def test_compose_builds_one_image_and_checks_each_services_health_where_it_liste
         test = " ".join(services[name]["healthcheck"]["test"])
         assert "127.0.0.1:9100/health/live" in test and "stop_grace_period" in services[name]
     assert "8000/health/ready" in " ".join(services["web"]["healthcheck"]["test"])
+
+
+# Variables the images and manifests may set that the code does not read by name: Python's and
+# third-party ones.
+EXTERNAL_VARIABLES = {"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "DJANGO_SETTINGS_MODULE"}
+
+
+def _read_by_code() -> str:
+    return "\n".join(
+        path.read_text()
+        for folder in ("scheduler_project", "jobs", "cluster")
+        for path in (ROOT / folder).rglob("*.py")
+    )
+
+
+def test_every_variable_and_command_the_deploy_files_use_exists_in_the_code():
+    from django.core.management import get_commands
+
+    code = _read_by_code()
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    documents = list(yaml.safe_load_all((ROOT / "docker" / "k8s" / "scheduler.yaml").read_text()))
+    variables = set(compose["x-app"]["environment"])
+    commands = []
+    for service in compose["services"].values():
+        if "build" in service and "command" in service:  # else the image's CMD (daphne)
+            commands.append(service["command"])
+    for document in documents:
+        if document["kind"] in ("ConfigMap", "Secret"):
+            variables |= set(document.get("data") or document.get("stringData"))
+        spec = document.get("spec", {})
+        for container in spec.get("template", {}).get("spec", {}).get("containers", []):
+            if "command" in container:
+                commands.append(container["command"])
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    variables |= set(re.findall(r"^\s+(\w+)=\S+ ?\\?$", dockerfile, re.M))
+    for variable in variables - EXTERNAL_VARIABLES:
+        assert f'"{variable}"' in code, f"{variable} is set by the deploy files but read nowhere"
+    known = set(get_commands())
+    for command in commands:
+        words = " ".join(command).split()
+        used = words[words.index("manage.py") + 1]
+        assert used in known, f"manage.py {used}"
+
+
+def test_the_monitoring_profile_scrapes_what_the_processes_serve():
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    services = compose["services"]
+    assert services["prometheus"]["profiles"] == ["monitoring"]
+    prometheus = yaml.safe_load((ROOT / "docker" / "monitoring" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    assert jobs["scheduler-web"]["static_configs"][0]["targets"] == ["web:8000"]
+    assert (
+        jobs["scheduler-web"]["authorization"]["credentials_file"]
+        == (services["prometheus"]["configs"][0]["target"])
+    )
+    nodes = jobs["scheduler-nodes"]["static_configs"][0]["targets"]
+    assert nodes == [f"node-{i}:9100" for i in (1, 2, 3)]
+    # Every series the dashboard plots is one the code exports.
+    import json
+
+    code = _read_by_code()
+    dashboard = json.loads(
+        (ROOT / "docker" / "monitoring" / "grafana" / "dashboards" / "scheduler.json").read_text()
+    )
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for series in set(re.findall(r"scheduler_\w+", exprs)):
+        base = re.sub(r"_(bucket|total|count|sum)$", "", series)
+        assert f'"{base}"' in code, series
