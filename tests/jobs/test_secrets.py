@@ -184,3 +184,22 @@ def test_a_secret_set_nowhere_fails_the_run_naming_it(executor, monkeypatch):
     done = run_once(executor, {"value": {"$secret": "ABSENT"}})
     assert done.status == S.FAILED
     assert "SecretMissing" in done.error and "ABSENT" in done.error
+
+
+def test_no_log_line_of_a_run_carries_its_secret(executor, monkeypatch, caplog):
+    """Everything logged while a run that uses a secret is claimed, started and finished (DEBUG
+    and up, every logger), formatted as the JSON and text handlers would: no secret value."""
+    from scheduler_project.logging import ContextFilter, JsonFormatter
+
+    monkeypatch.setenv("SCHEDULER_SECRET_LOGGED", SECRET_VALUE)
+    caplog.set_level("DEBUG")
+    done = run_once(
+        executor, {"value": "plain", "headers": {"Authorization": {"$secret": "LOGGED"}}}
+    )
+    assert done.status == S.SUCCEEDED
+    assert caplog.records, "the run logged nothing: the check would prove nothing"
+    context = ContextFilter()
+    for record in caplog.records:
+        context.filter(record)
+        assert SECRET_VALUE not in JsonFormatter().format(record)
+        assert SECRET_VALUE not in record.getMessage() + record.context
