@@ -31,6 +31,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "capacity",
             "running_count",
             "drain_requested",
+            "heartbeat_interval_s",
+            "dead_after_s",
         ]
         read_only_fields = fields
 

@@ -25,6 +25,10 @@ class SchedulerNode(models.Model):
     running_count = models.PositiveIntegerField(default=0)
     # Set by an operator (dashboard/API); the node sees it on its next heartbeat and drains.
     drain_requested = models.BooleanField(default=False)
+    # The node's own timing (its --heartbeat-s and --dead-after-s): the dashboard judges the node's
+    # heartbeat age against these, not against defaults another node may not share.
+    heartbeat_interval_s = models.FloatField(default=0.5)
+    dead_after_s = models.FloatField(default=2.0)
 
     class Meta:
         ordering = ["node_id"]

@@ -241,6 +241,8 @@ class NodeRunner:
                 "capacity": self.config.capacity,
                 "running_count": 0,
                 "drain_requested": False,
+                "heartbeat_interval_s": self.config.heartbeat_interval_s,
+                "dead_after_s": self.config.dead_after_s,
             },
         )
         logger.info(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -15,7 +16,6 @@ from django.views.decorators.http import require_POST
 from cluster import live, services
 from cluster.api import NodeSerializer
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
-from cluster.node import DEAD_AFTER_S, HEARTBEAT_INTERVAL_S
 from jobs.roles import OPERATOR, VIEWER
 from jobs.selectors import execution_list
 from jobs.services import ActionNotAllowed
@@ -39,8 +39,10 @@ def cluster_payload() -> dict[str, Any]:
 
 
 def liveness_thresholds() -> dict[str, float]:
-    """Heartbeat ages (seconds) at which the page marks a node late, then presumed dead."""
-    return {"late_s": HEARTBEAT_INTERVAL_S * 2, "dead_s": DEAD_AFTER_S}
+    """Heartbeat ages (seconds) at which the page marks a node late, then presumed dead, for a
+    node that has not recorded its own timing: this installation's settings (SCHEDULER)."""
+    knobs = settings.SCHEDULER
+    return {"late_s": knobs["HEARTBEAT_S"] * 2, "dead_s": knobs["DEAD_AFTER_S"]}
 
 
 @role_required(VIEWER)

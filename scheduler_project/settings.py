@@ -16,6 +16,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from scheduler_project import scheduler_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SCHEDULER_VAR_DIR", BASE_DIR / "var"))
 
@@ -195,6 +197,9 @@ if SCHEDULER_COORDINATION == "redis" and not REDIS_URL:
 # Prefix of every Redis key this installation writes, so several installations (or test runs) can
 # share one Redis server.
 SCHEDULER_REDIS_PREFIX = os.environ.get("SCHEDULER_REDIS_PREFIX", "djsched")
+# A node's knobs (capacity, queues, heartbeat, presence TTL, lease timing, drain grace, metrics
+# port): defaults, SCHEDULER_<KEY> variables, checked together; runnode's flags override them.
+SCHEDULER = scheduler_settings.load()
 
 if REDIS_URL:
     CHANNEL_LAYERS = {

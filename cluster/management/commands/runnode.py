@@ -25,18 +25,29 @@ from cluster.apps import limit_idle_transactions
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
 from cluster.node import (
-    DEAD_AFTER_S,
-    DEFAULT_GRACE_S,
-    HEARTBEAT_INTERVAL_S,
-    LOOKAHEAD_S,
     NodeConfig,
     NodeRunner,
     connection_budget_problem,
 )
+from scheduler_project import scheduler_settings
 from scheduler_project.logging import set_process_context
 
 logger = logging.getLogger("cluster.runnode")
 EXIT_USAGE = 2
+# settings.SCHEDULER key -> the option's name in ``options``.
+FLAGS = {
+    "QUEUES": "queues",
+    "CAPACITY": "capacity",
+    "LEASE_TTL_MS": "lease_ttl_ms",
+    "RENEW_DEADLINE_MS": "renew_deadline_ms",
+    "RETRY_PERIOD_MS": "retry_period_ms",
+    "HEARTBEAT_S": "heartbeat_s",
+    "DEAD_AFTER_S": "dead_after_s",
+    "LOOKAHEAD_S": "lookahead_s",
+    "DRAIN_GRACE_S": "grace",
+    "METRICS_PORT": "metrics_port",
+    "METRICS_HOST": "metrics_host",
+}
 ERR_IDLE_TIMEOUT = (
     "SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S={idle} must be below the renew deadline "
     "({deadline} ms): a node frozen inside a transaction would hold the cluster up past a lease"
@@ -47,57 +58,67 @@ class Command(BaseCommand):
     help = "Run a scheduler node (leader election, scheduling, execution)."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        knobs = settings.SCHEDULER
+
+        def knob(flag: str, key: str, kind: type, text: str) -> None:
+            # Unset: settings.SCHEDULER's value (its default, or SCHEDULER_<KEY>).
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=None,
+                dest=FLAGS[key],
+                help=f"{text} (default: SCHEDULER_{key}, now {knobs[key]})",
+            )
+
         parser.add_argument("--node-id", default=f"{socket.gethostname()}-{os.getpid()}")
-        parser.add_argument("--queues", default="default", help="Comma-separated queues to serve")
-        parser.add_argument("--capacity", type=int, default=8, help="Executions run at once")
+        knob("--queues", "QUEUES", str, "Comma-separated queues to serve")
+        knob("--capacity", "CAPACITY", int, "Executions run at once")
         parser.add_argument(
             "--coordination",
             choices=["database", "redis"],
             default=None,
             help=f"Coordination backend (default: {settings.SCHEDULER_COORDINATION})",
         )
-        parser.add_argument("--lease-ttl-ms", type=int, default=2000)
-        parser.add_argument("--renew-deadline-ms", type=int, default=1500)
-        parser.add_argument("--retry-period-ms", type=int, default=250)
-        parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_INTERVAL_S)
-        parser.add_argument(
+        knob("--lease-ttl-ms", "LEASE_TTL_MS", int, "Leader lease TTL")
+        knob("--renew-deadline-ms", "RENEW_DEADLINE_MS", int, "A leader steps down past this")
+        knob("--retry-period-ms", "RETRY_PERIOD_MS", int, "Election retry period")
+        knob("--heartbeat-s", "HEARTBEAT_S", float, "Presence renewal interval")
+        knob(
             "--dead-after-s",
-            type=float,
-            default=DEAD_AFTER_S,
-            help="Presence TTL: a node silent this long is dead and its work is reaped",
+            "DEAD_AFTER_S",
+            float,
+            "Presence TTL: a node silent this long is dead and its work is reaped",
         )
-        parser.add_argument("--lookahead-s", type=float, default=LOOKAHEAD_S)
-        parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="Drain grace (s)")
-        parser.add_argument(
+        knob("--lookahead-s", "LOOKAHEAD_S", float, "The leader creates fires this far ahead")
+        knob("--grace", "DRAIN_GRACE_S", float, "Drain grace (s)")
+        knob(
             "--metrics-port",
-            type=int,
-            default=0,
-            help="Serve this node's /metrics, /health/live and /health/ready on this port (0: off)",
+            "METRICS_PORT",
+            int,
+            "Serve this node's /metrics, /health/live and /health/ready on this port (0: off)",
         )
-        parser.add_argument(
-            "--metrics-host",
-            default="0.0.0.0",  # noqa: S104 - a node pod is probed on its own address
-            help="Address for --metrics-port",
-        )
+        knob("--metrics-host", "METRICS_HOST", str, "Address for --metrics-port")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
+            given = {key: options.get(name) for key, name in FLAGS.items()}
+            if given["QUEUES"] is not None:
+                given["QUEUES"] = [q.strip() for q in given["QUEUES"].split(",") if q.strip()]
+            knobs = scheduler_settings.with_overrides(settings.SCHEDULER, given)
             config = NodeConfig(
                 node_id=options["node_id"],
-                queues=[q.strip() for q in options["queues"].split(",") if q.strip()],
-                capacity=options["capacity"],
-                heartbeat_interval_s=options["heartbeat_s"],
-                dead_after_s=options["dead_after_s"],
-                lookahead_s=options["lookahead_s"],
-                grace_s=options["grace"],
+                queues=knobs["QUEUES"],
+                capacity=knobs["CAPACITY"],
+                heartbeat_interval_s=knobs["HEARTBEAT_S"],
+                dead_after_s=knobs["DEAD_AFTER_S"],
+                lookahead_s=knobs["LOOKAHEAD_S"],
+                grace_s=knobs["DRAIN_GRACE_S"],
                 election=ElectionConfig(
-                    lease_ttl_ms=options["lease_ttl_ms"],
-                    renew_deadline_ms=options["renew_deadline_ms"],
-                    retry_period_ms=options["retry_period_ms"],
+                    lease_ttl_ms=knobs["LEASE_TTL_MS"],
+                    renew_deadline_ms=knobs["RENEW_DEADLINE_MS"],
+                    retry_period_ms=knobs["RETRY_PERIOD_MS"],
                 ),
             )
-            if not 0 <= options["metrics_port"] <= 65535:
-                raise ValueError("--metrics-port must be a TCP port (1-65535), or 0 for none")
             idle_s = settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S
             if idle_s and idle_s * 1000 >= config.election.renew_deadline_ms:
                 raise ValueError(
@@ -147,7 +168,7 @@ class Command(BaseCommand):
             self.stdout.write(f"node {config.node_id} stopped before it could register")
             return
         connections.close_all()  # the main thread holds none while the node runs
-        server = self._serve_metrics(node, options["metrics_host"], options["metrics_port"])
+        server = self._serve_metrics(node, knobs["METRICS_HOST"], knobs["METRICS_PORT"])
         node.start(registered=True)
         self.stdout.write(f"node {config.node_id} running (pid {os.getpid()})")
         self.stdout.flush()

@@ -143,7 +143,7 @@
     if (format === "age") {
       var age = (Sched.now() - ms) / 1000;
       el.textContent = Sched.formatAge(age);
-      var thresholds = Sched.livenessThresholds();
+      var thresholds = Sched.livenessThresholds(el);
       el.classList.toggle("age--late", age >= thresholds.late_s && age < thresholds.dead_s);
       el.classList.toggle("age--dead", age >= thresholds.dead_s);
     } else if (format === "relative") {
@@ -170,9 +170,26 @@
   };
 
   var thresholdsCache = null;
-  Sched.livenessThresholds = function () {
+  /** When a heartbeat age is late, then presumed dead: the node's own timing when the element
+   * carries it (data-heartbeat-s, data-dead-s: a node may run with other settings than this web
+   * process's), else the page's. */
+  Sched.livenessThresholds = function (el) {
     if (!thresholdsCache) thresholdsCache = Sched.readJSON("liveness-thresholds") || { late_s: 2, dead_s: 5 };
+    var heartbeat = el ? Number(el.dataset.heartbeatS) : NaN;
+    var dead = el ? Number(el.dataset.deadS) : NaN;
+    if (heartbeat > 0 && dead > 0) return { late_s: 2 * heartbeat, dead_s: dead };
     return thresholdsCache;
+  };
+
+  /** The heartbeat age of a node, judged by the node's own timing. */
+  Sched.heartbeatEl = function (node) {
+    var el = Sched.timeEl(node.last_heartbeat, "age");
+    if (el.tagName === "TIME") {
+      if (node.heartbeat_interval_s) el.dataset.heartbeatS = String(node.heartbeat_interval_s);
+      if (node.dead_after_s) el.dataset.deadS = String(node.dead_after_s);
+      renderTime(el);
+    }
+    return el;
   };
 
   /** A <time> element for an ISO value (or an em dash when there is none). */

@@ -79,7 +79,7 @@
         var cells = [
           el("td", null, name),
           el("td", null, statusCell(node)),
-          el("td", null, Sched.timeEl(node.last_heartbeat, "age")),
+          el("td", null, Sched.heartbeatEl(node)),
           el("td", { class: "nowrap" }, meter(node)),
           el("td", null, (node.queues || []).length ? node.queues.map(function (q) { return [el("code", { class: "tag" }, q), " "]; }) : el("span", { class: "muted" }, "—")),
           el("td", null, [node.hostname + " ", el("span", { class: "muted" }, "· pid " + node.pid)]),
@@ -127,7 +127,7 @@
       if (data.leader === node.node_id) leader.appendChild(el("span", { class: "leader-badge" }, "★ Leader · term " + data.term));
       var heartbeat = document.querySelector('[data-field="last_heartbeat"]');
       Sched.clear(heartbeat);
-      heartbeat.appendChild(Sched.timeEl(node.last_heartbeat, "age"));
+      heartbeat.appendChild(Sched.heartbeatEl(node));
       var running = document.querySelector('[data-field="running"]');
       Sched.clear(running);
       meter(node).forEach(function (part) { running.append(part); });

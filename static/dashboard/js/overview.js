@@ -184,7 +184,7 @@
     return el("article", { class: "node-card node-card--" + node.status, "data-node-id": node.node_id }, [
       el("header", { class: "node-card__head" }, head),
       el("dl", { class: "node-card__facts" }, [
-        el("div", null, [el("dt", null, "Heartbeat"), el("dd", null, Sched.timeEl(node.last_heartbeat, "age"))]),
+        el("div", null, [el("dt", null, "Heartbeat"), el("dd", null, Sched.heartbeatEl(node))]),
         el("div", null, [
           el("dt", null, "Running"),
           el("dd", null, [

@@ -1,0 +1,90 @@
+"""The scheduler node's knobs in one place: ``settings.SCHEDULER``.
+
+Each has a default here, may be set in the environment as ``SCHEDULER_<KEY>`` (``SCHEDULER_CAPACITY=16``,
+``SCHEDULER_QUEUES=default,reports``), and ``runnode``'s flag of the same name overrides both for one
+process. Values are checked when the settings load: a wrong type, a value out of range, or knobs that
+cannot work together (a renew deadline not below the lease TTL, a presence TTL not above two
+heartbeats) stop the process with the variable named, before anything runs.
+
+Imported by the settings module: nothing here may import Django models or apps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _queues(raw: str) -> list[str]:
+    return [q.strip() for q in raw.split(",") if q.strip()]
+
+
+# key: (default, parse from the environment's text, check -> error text or None)
+KNOBS: dict[str, tuple[Any, Callable[[str], Any], Callable[[Any], str | None]]] = {
+    "CAPACITY": (8, int, lambda v: None if v >= 1 else "must be at least 1"),
+    "QUEUES": (["default"], _queues, lambda v: None if v else "must name at least one queue"),
+    "HEARTBEAT_S": (0.5, float, lambda v: None if v > 0 else "must be positive"),
+    "DEAD_AFTER_S": (2.0, float, lambda v: None if v > 0 else "must be positive"),
+    "LOOKAHEAD_S": (1.0, float, lambda v: None if 0 <= v <= 60 else "must be within 0-60"),
+    "LEASE_TTL_MS": (2000, int, lambda v: None if v >= 100 else "must be at least 100"),
+    "RENEW_DEADLINE_MS": (1500, int, lambda v: None if v >= 50 else "must be at least 50"),
+    "RETRY_PERIOD_MS": (250, int, lambda v: None if v >= 10 else "must be at least 10"),
+    "DRAIN_GRACE_S": (30.0, float, lambda v: None if v >= 0 else "must not be negative"),
+    "METRICS_PORT": (0, int, lambda v: None if 0 <= v <= 65535 else "must be 0 (off) or a port"),
+    "METRICS_HOST": ("0.0.0.0", str, lambda v: None if v else "must not be empty"),  # noqa: S104
+}
+
+
+def together(values: Mapping[str, Any]) -> str | None:
+    """What is wrong with these knobs as a set (None: they work together)."""
+    if values["DEAD_AFTER_S"] <= 2 * values["HEARTBEAT_S"]:
+        return "DEAD_AFTER_S must exceed two HEARTBEAT_S (a late heartbeat is not a death)"
+    if values["RENEW_DEADLINE_MS"] >= values["LEASE_TTL_MS"]:
+        return "RENEW_DEADLINE_MS must be below LEASE_TTL_MS (a leader gives up before it expires)"
+    if values["RETRY_PERIOD_MS"] >= values["RENEW_DEADLINE_MS"]:
+        return "RETRY_PERIOD_MS must be below RENEW_DEADLINE_MS (several tries per deadline)"
+    return None
+
+
+def load(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``settings.SCHEDULER``: the defaults, overridden by ``SCHEDULER_<KEY>`` variables, checked."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for key, (default, parse, check) in KNOBS.items():
+        name = f"SCHEDULER_{key}"
+        raw = environ.get(name)
+        if raw is None or raw == "":
+            values[key] = default
+            continue
+        try:
+            value = parse(raw)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}={raw!r}: not a {parse.__name__}") from exc
+        problem = check(value)
+        if problem:
+            raise ImproperlyConfigured(f"{name}={raw!r}: {problem}")
+        values[key] = value
+    problem = together(values)
+    if problem:
+        raise ImproperlyConfigured(f"SCHEDULER_*: {problem}")
+    return values
+
+
+def with_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with the given values (a process's flags; None: not given), checked the same way.
+    Raises ValueError naming the flag."""
+    values = dict(base)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        problem = KNOBS[key][2](value)
+        if problem:
+            raise ValueError(f"--{key.lower().replace('_', '-')}: {problem}")
+        values[key] = value
+    problem = together(values)
+    if problem:
+        raise ValueError(problem)
+    return values
