@@ -26,19 +26,27 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
         scheduled_for=meta.get("scheduled_for"),
         cancel_event=threading.Event(),
     )
+    revealed: list[str] = []
     try:
         spec = registry.get_task(task_name)
-        # Secrets are resolved here, in the child: they never cross the pipe.
-        args, kwargs = secrets.resolve_call(args, kwargs)
+        # Secrets are resolved here, in the child: they never cross the pipe, and nothing the
+        # child reports carries one.
+        args, kwargs, revealed = secrets.resolve_call(args, kwargs)
         value = call_task(spec, args, kwargs, context)
-        conn.send({"ok": True, "result": jsonable_result(value), "output": context.output})
+        conn.send(
+            {
+                "ok": True,
+                "result": secrets.scrub(jsonable_result(value), revealed),
+                "output": secrets.scrub(context.output, revealed),
+            }
+        )
     except BaseException as exc:  # report everything, including SystemExit, to the parent
         conn.send(
             {
                 "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(),
-                "output": context.output,
+                "error": secrets.scrub(f"{type(exc).__name__}: {exc}", revealed),
+                "traceback": secrets.scrub(traceback.format_exc(), revealed),
+                "output": secrets.scrub(context.output, revealed),
             }
         )
     finally:

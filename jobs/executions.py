@@ -387,6 +387,7 @@ def claim_batch(
     now: datetime,
     start_now: Callable[[list[JobExecution]], list[JobExecution]] | None = None,
     look_first: bool = True,
+    prefix: str | None = None,
 ) -> list[JobExecution]:
     """Claim up to ``limit`` pending, unclaimed executions due before ``horizon`` (one transaction;
     ``SKIP LOCKED`` where the engine has it; on SQLite the write transaction serialises claimers).
@@ -396,10 +397,12 @@ def claim_batch(
     save a commit and a hand-over to the starter. Those come back with status ``running``.
 
     ``look_first=False`` skips the cheap look for due rows (a round trip) on engines with SKIP
-    LOCKED, for a claimer that has just found some: in a backlog it would find them again."""
+    LOCKED, for a claimer that has just found some: in a backlog it would find them again.
+    ``prefix`` is the batch's claim token prefix (each row's token is ``<prefix><id>``), chosen by
+    the caller so that it knows the claim's rows before the claim returns."""
     if limit <= 0:
         return []
-    prefix = f"{uuid.uuid4().hex[:16]}-"
+    prefix = prefix or new_claim_prefix()
     due = JobExecution.objects.filter(
         status=S.PENDING, claim_token__isnull=True, queue__in=queues, run_after__lte=horizon
     )
@@ -431,8 +434,14 @@ def claim_batch(
         )
         picked = start_now(claimed) if start_now is not None else []
         if picked:
-            start_batch(picked, planned=now)
+            # Stamped now, not at the claim's ``now``: the claim may have waited for the write
+            # lock (SQLite), and a row running "since" before that wait looks older than it is.
+            start_batch(picked, planned=timezone_now())
         return claimed
+
+
+def new_claim_prefix() -> str:
+    return f"{uuid.uuid4().hex[:16]}-"
 
 
 def hand_back(execution: JobExecution, *, run_after: datetime | None = None) -> bool:

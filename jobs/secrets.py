@@ -27,11 +27,25 @@ from django.conf import settings
 
 REFERENCE_KEY = "$secret"
 NAME_PATTERN = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
-# Keys whose plain string values are credentials.
-SENSITIVE_KEY = re.compile(
-    r"pass(word|wd|phrase)|secret|token|api[-_]?key|authorization|credential|private[-_]?key",
-    re.IGNORECASE,
-)
+# A key names a credential when its last word does (``access_token``, ``X-Api-Key``,
+# ``clientSecret``), not when a credential word is only part of it (``max_tokens``,
+# ``token_url``, ``secret_name``).
+SENSITIVE_LAST_WORDS = {
+    "password",
+    "passwd",
+    "passphrase",
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "authorization",
+    "credential",
+    "credentials",
+    "apikey",
+}
+# ... or these two words end it.
+SENSITIVE_PAIRS = {("api", "key"), ("private", "key"), ("secret", "key"), ("access", "key")}
+_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 # scheme://user:password@host
 URL_WITH_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@", re.IGNORECASE)
 ENV_PREFIX = "SCHEDULER_SECRET_"
@@ -55,11 +69,31 @@ def is_reference(value: Any) -> bool:
 def problems(value: Any, path: str) -> list[tuple[str, str]]:
     """(field path, reason) for every plain credential and bad reference in ``value``."""
     found: list[tuple[str, str]] = []
-    _walk(value, path, None, found)
+    _walk(value, path, False, found)
     return found
 
 
-def _walk(value: Any, path: str, key: str | None, found: list[tuple[str, str]]) -> None:
+def referenced(value: Any) -> set[str]:
+    """The secret names ``value`` refers to."""
+    if is_reference(value):
+        name = value.get(REFERENCE_KEY)
+        return {name} if isinstance(name, str) else set()
+    if isinstance(value, dict):
+        return set().union(*(referenced(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(referenced(v) for v in value))
+    return set()
+
+
+def names_a_credential(key: str) -> bool:
+    words = [word.lower() for word in _WORDS.findall(key)]
+    if not words:
+        return False
+    return words[-1] in SENSITIVE_LAST_WORDS or tuple(words[-2:]) in SENSITIVE_PAIRS
+
+
+def _walk(value: Any, path: str, sensitive: bool, found: list[tuple[str, str]]) -> None:
+    """``sensitive``: the nearest key above names a credential (a list under it is too)."""
     if is_reference(value):
         name = value[REFERENCE_KEY]
         if len(value) != 1:
@@ -69,15 +103,14 @@ def _walk(value: Any, path: str, key: str | None, found: list[tuple[str, str]]) 
         return
     if isinstance(value, dict):
         for child_key, child in value.items():
-            _walk(child, f"{path}.{child_key}", str(child_key), found)
+            _walk(child, f"{path}.{child_key}", names_a_credential(str(child_key)), found)
     elif isinstance(value, list):
         for index, child in enumerate(value):
-            _walk(child, f"{path}.{index}", None, found)
-    elif isinstance(value, str) and value:
-        if key is not None and SENSITIVE_KEY.search(key):
-            found.append((path, ERR_PLAIN))
-        elif URL_WITH_PASSWORD.search(value):
-            found.append((path, ERR_URL_PASSWORD))
+            _walk(child, f"{path}.{index}", sensitive, found)
+    elif sensitive and value not in (None, "", True, False):
+        found.append((path, ERR_PLAIN))  # a string or a number under a credential's name
+    elif isinstance(value, str) and URL_WITH_PASSWORD.search(value):
+        found.append((path, ERR_URL_PASSWORD))
 
 
 def placeholders(value: Any) -> Any:
@@ -122,5 +155,32 @@ def lookup(name: str) -> str:
     raise SecretMissing(f"secret {name} is not set on this node ({where})")
 
 
-def resolve_call(args: list, kwargs: dict) -> tuple[list, dict]:
-    return resolve(args), resolve(kwargs)
+def resolve_call(args: list, kwargs: dict) -> tuple[list, dict, list[str]]:
+    """The call's arguments with their secrets, and the secret values revealed (to ``scrub``
+    from what the run records)."""
+    names = referenced(args) | referenced(kwargs)
+    revealed = [lookup(name) for name in sorted(names)]
+    return resolve(args), resolve(kwargs), revealed
+
+
+# A revealed value shorter than this is not scrubbed (it would mangle ordinary text).
+SCRUB_MIN_CHARS = 4
+SCRUBBED = "[secret]"
+
+
+def scrub(value: Any, revealed: list[str]) -> Any:
+    """``value`` (text, or a JSON-like result) with every revealed secret replaced: what a task
+    returns, prints or raises (an error message quoting its argument) is stored and shown to
+    viewers, and must not carry the secret it was given."""
+    secrets_ = [s for s in revealed if len(s) >= SCRUB_MIN_CHARS]
+    if not secrets_:
+        return value
+    if isinstance(value, str):
+        for secret in sorted(secrets_, key=len, reverse=True):
+            value = value.replace(secret, SCRUBBED)
+        return value
+    if isinstance(value, dict):
+        return {scrub(k, secrets_): scrub(v, secrets_) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub(v, secrets_) for v in value]
+    return value

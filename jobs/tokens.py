@@ -20,6 +20,8 @@ from django.utils import timezone
 from jobs.models import ApiToken
 
 PREFIX_CHARS = 8
+# A prefix given to revoke one key must be at least this long (an empty one would match all).
+MIN_PREFIX_CHARS = 4
 # last_used_at is written at most this often per token (a write per request would be a hot row).
 LAST_USED_EVERY = timedelta(minutes=1)
 
@@ -76,10 +78,12 @@ def revoke(user: Any, *, by: Any, prefix: str | None = None) -> int:
     many went."""
     from jobs.services import audit_record
 
+    if prefix is not None and len(prefix) < MIN_PREFIX_CHARS:
+        raise ValueError(f"a prefix names a key by at least {MIN_PREFIX_CHARS} characters")
     with transaction.atomic():
         tokens = ApiToken.objects.filter(user=user)
-        if prefix:
-            tokens = tokens.filter(prefix=prefix[:PREFIX_CHARS])
+        if prefix is not None:
+            tokens = tokens.filter(prefix__startswith=prefix[:PREFIX_CHARS])
         gone = [f"{t.prefix}…" for t in tokens]
         tokens.delete()
         if gone:

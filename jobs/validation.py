@@ -295,6 +295,9 @@ def _call_arguments(errors: _Errors, task: str | None, args: Any, kwargs: Any) -
             errors.add(field, ERR_ARGS_TOO_LARGE.format(size=size, limit=limit))
 
 
+ERR_FOREIGN_SECRET = (
+    "refers to secrets its job's own arguments do not use ({names}); an admin adds them to the job"
+)
 # The fields of one run sent to the enqueue API.
 ENQUEUE_FIELDS = ("args", "kwargs", "run_at", "priority")
 
@@ -318,6 +321,13 @@ def clean_enqueued_run(
         job_args if args is None else args,
         job_kwargs if kwargs is None else kwargs,
     )
+    # A run may use only the secrets its job (defined by an admin) already uses: enqueueing is an
+    # operator's right, and an operator must not be able to have any node secret printed.
+    allowed = secrets.referenced(job_args) | secrets.referenced(job_kwargs)
+    for field, value in (("args", args), ("kwargs", kwargs)):
+        foreign = sorted(secrets.referenced(value) - allowed)
+        if foreign:
+            errors.add(field, ERR_FOREIGN_SECRET.format(names=", ".join(foreign)))
     run_at = _datetime(errors, "run_at", item.get("run_at"))
     priority = _integer(
         errors, "priority", item.get("priority"), -MAX_PRIORITY, MAX_PRIORITY, nullable=True

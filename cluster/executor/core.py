@@ -20,8 +20,10 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import (
     InterfaceError,
@@ -88,6 +90,8 @@ STARTER_IDLE_S = 0.5
 PREPARE_WORKERS = 4
 # Policies whose runs look at other runs of their job (and forbid's at the job lock) before they
 # start: never started in the claim's own transaction.
+# How many of its latest active runs a node remembers for its self-audit (see reconcile).
+LAUNCHED_REMEMBERED = 100_000
 GUARDED_POLICIES = (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE)
 
 
@@ -150,6 +154,10 @@ class Executor:
         # Why the last claim pass took nothing (None when it claimed, or failed).
         self.idle_reason: str | None = None
         self._last_claim_found = False
+        # Claim token prefixes of claims in flight (their rows are not tracked yet).
+        self._claims_in_flight: set[str] = set()
+        # Runs this node made active (their bodies may have started), newest last.
+        self._launched: OrderedDict[int, None] = OrderedDict()
         install_output_capture()
 
     def _now(self) -> datetime:
@@ -216,6 +224,17 @@ class Executor:
             self.idle_reason = "full"
             return 0
         self.idle_reason = None
+        prefix = executions.new_claim_prefix()
+        with self._lock:
+            # Until its rows are tracked, the self-audit leaves this claim's rows alone.
+            self._claims_in_flight.add(prefix)
+        try:
+            return self._claim(free, prefix)
+        finally:
+            with self._lock:
+                self._claims_in_flight.discard(prefix)
+
+    def _claim(self, free: int, prefix: str) -> int:
         epoch = self.membership.epoch
         now = self._now()
         began = time.monotonic()
@@ -227,6 +246,7 @@ class Executor:
             now=now,
             start_now=self._startable_at_claim,
             look_first=not self._last_claim_found,
+            prefix=prefix,
         )
         node_metrics.claim(len(claimed), time.monotonic() - began)
         if claimed and tracing.enabled():
@@ -252,7 +272,7 @@ class Executor:
                 due = execution.run_after.timestamp()
                 if execution.status == S.RUNNING:
                     run = ActiveRun(execution=execution, due=due, epoch=epoch)
-                    self._active[execution.pk] = run
+                    self._track_active(run)
                     started.append(run)
                     continue
                 self._claimed.add(execution.pk)
@@ -329,17 +349,29 @@ class Executor:
                 | {item.execution.pk for item in self._timer_heap}
                 | {waiting.item.execution.pk for waiting in self._waiting}
             )
+            in_flight = tuple(self._claims_in_flight)
+
+        def untracked(rows: Any) -> list[JobExecution]:
+            return [
+                row
+                for row in rows.exclude(pk__in=tracked)
+                if not (row.claim_token or "").startswith(in_flight or ("\0",))
+            ]
+
         mine = JobExecution.objects.select_related("job").filter(node=self.node_id)
-        claims = list(
-            mine.filter(status=S.PENDING, claim_token__isnull=False, claimed_at__lt=cutoff).exclude(
-                pk__in=tracked
-            )
+        claims = untracked(
+            mine.filter(status=S.PENDING, claim_token__isnull=False, claimed_at__lt=cutoff)
         )
         handed_back = sum(executions.hand_back(execution) for execution in claims)
         lost = 0
-        for execution in mine.filter(status=S.RUNNING, started_at__lt=cutoff).exclude(
-            pk__in=tracked
-        ):
+        for execution in untracked(mine.filter(status=S.RUNNING, started_at__lt=cutoff)):
+            with self._lock:
+                launched = execution.pk in self._launched
+            if not launched:
+                # Marked running (a claim's own start, a batch whose commit's answer was lost)
+                # but never made active here: no body of it ran. Back to the queue, not lost.
+                handed_back += executions.hand_back_unstarted(execution)
+                continue
             with transaction.atomic():
                 lost += executions.end_running(
                     execution,
@@ -636,10 +668,19 @@ class Executor:
             run = ActiveRun(execution=execution, due=item.due, lock=lock, epoch=item.epoch)
             with self._lock:
                 self._claimed.discard(execution.pk)
-                self._active[execution.pk] = run
+                self._track_active(run)
             runs.append(run)
         if runs:
             self.runner.launch(self, runs)
+
+    def _track_active(self, run: ActiveRun) -> None:
+        """(Under the lock.) The run may start its body from now on: it is active, and the
+        self-audit will count it as having run if its row is ever left untracked."""
+        pk = run.execution.pk
+        self._active[pk] = run
+        self._launched[pk] = None
+        if len(self._launched) > LAUNCHED_REMEMBERED:
+            self._launched.popitem(last=False)
 
     def _forget(self, execution_id: int) -> None:
         with self._lock:
@@ -829,7 +870,12 @@ class Executor:
         with self._lock:
             in_heap = {item.execution.pk for item in self._timer_heap}
             preparing = self._claimed - in_heap
-            return not self._active and self._unwritten == 0 and not preparing
+            return (
+                not self._active
+                and self._unwritten == 0
+                and not preparing
+                and not self._claims_in_flight
+            )
 
     def hand_back_running(self) -> int:
         """After the drain grace period: stop what still runs and record it as lost (retried)."""

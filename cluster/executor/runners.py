@@ -182,10 +182,11 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
         run.deadline = host.clock.monotonic() + job.timeout_seconds
     stdout.attach(context)
     started = host.clock.now()
+    revealed: list[str] = []
     try:
         try:
             spec = registry.get_task(job.task)
-            args, kwargs = secrets.resolve_call(*run.execution.call_arguments())
+            args, kwargs, revealed = secrets.resolve_call(*run.execution.call_arguments())
             value = call_task(spec, args, kwargs, context)
         finally:
             stdout.detach()  # the last, unterminated line belongs to the outcome's output
@@ -214,6 +215,12 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
                 run, S.SUCCEEDED, result=value, output=context.output, started=started
             )
     outcome.ended = host.clock.now()
+    if revealed:
+        # What the run records (and viewers read) never carries a secret it was given.
+        outcome.result = secrets.scrub(outcome.result, revealed)
+        outcome.error = secrets.scrub(outcome.error, revealed)
+        outcome.tb = secrets.scrub(outcome.tb, revealed)
+        outcome.output = secrets.scrub(outcome.output, revealed)
     try:
         host.complete(outcome, body_ended=True)
     finally:

@@ -843,6 +843,7 @@ def test_reconcile_gives_back_rows_this_node_holds_but_does_not_track(executor):
         claim_token="theirs",
         claimed_at=old,
     )
+    executor._launched[running.pk] = None  # its body may have run here (then lost track)
 
     assert executor.reconcile(now=now) == (1, 1)
 
@@ -1064,15 +1065,17 @@ def test_a_run_marked_running_ahead_of_an_instant_its_node_did_not_live_to_see_i
 # --- the claim's own start: runs already due that need nothing looked at --------------------------
 
 
-def test_a_due_run_of_an_unguarded_job_is_running_when_its_claim_returns(executor):
+def test_a_due_run_of_an_unguarded_job_is_running_when_its_claim_returns(executor, monkeypatch):
     """One transaction claims it and marks it running (no second commit, no hand-over to the
     starter); the body still passes the self-fence and runs once."""
+    admitted: list[object] = []
+    monkeypatch.setattr(executor, "_dispatch", admitted.append)
     execution = submit(make_job("at-claim", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW))
     assert executor.claim_once() == 1
     row = JobExecution.objects.get(pk=execution.pk)
     assert row.status in (S.RUNNING, S.SUCCEEDED)
-    assert row.started_at == row.claimed_at
     done = wait_for_status(execution, TERMINAL_STATES)
+    assert admitted == []  # the starter never saw it
     assert done.status == S.SUCCEEDED
     assert done.attempt == 1 and JobExecution.objects.filter(job=execution.job).count() == 1
 
@@ -1145,3 +1148,65 @@ def test_a_start_that_fails_inside_the_claim_leaves_the_run_unclaimed(executor, 
     assert executor.load == 0
     monkeypatch.undo()
     assert run_to_outcome(executor, row).status == S.SUCCEEDED
+
+
+def test_reconcile_gives_back_a_running_row_whose_body_never_started_here(executor):
+    """Marked running (a claim's own start whose answer was lost, a drain racing the claim) but
+    never made active on this node: no body of it ran, so it goes back to the queue as it was,
+    not ended lost (which would use up an attempt, or lose the fire with no retries left)."""
+    job = make_job("never-started", "noop", max_retries=0)
+    now = timezone.now()
+    old = now - timedelta(seconds=RECONCILE_AFTER_S + 5)
+    row = submit(
+        job, status=S.RUNNING, node=NODE, claim_token="c-1", claimed_at=old, started_at=old
+    )
+    assert executor.reconcile(now=now) == (1, 0)
+    row.refresh_from_db()
+    assert (row.status, row.claim_token, row.node, row.started_at) == (S.PENDING, None, "", None)
+    assert JobExecution.objects.filter(job=job).count() == 1  # no retry row
+
+
+def test_reconcile_leaves_the_rows_of_a_claim_in_flight_alone(executor):
+    """The audit may look while a claim (which may have marked rows running in its own
+    transaction) has committed but not yet tracked its rows: those rows are not leftovers, however
+    long the claim waited for the database (their stamps are old)."""
+    job = make_job("in-flight", "noop")
+    now = timezone.now()
+    old = now - timedelta(seconds=RECONCILE_AFTER_S + 5)
+    prefix = executions.new_claim_prefix()
+    row = submit(
+        job,
+        status=S.RUNNING,
+        node=NODE,
+        claim_token=f"{prefix}1",
+        claimed_at=old,
+        started_at=old,
+    )
+    executor._claims_in_flight.add(prefix)
+    try:
+        assert executor.reconcile(now=now) == (0, 0)
+        assert not executor.idle()  # a drain waits for the claim to settle
+    finally:
+        executor._claims_in_flight.discard(prefix)
+    row.refresh_from_db()
+    assert (row.status, row.claim_token) == (S.RUNNING, f"{prefix}1")
+
+
+def test_a_claims_own_start_is_stamped_when_it_is_made_not_when_the_claim_began(executor):
+    """A claim that waited (SQLite's write lock) must not mark its runs running "since" before
+    the wait: the self-audit judges a running row's age by that stamp."""
+    execution = submit(make_job("stamped", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW))
+    long_ago = timezone.now() - timedelta(seconds=30)
+    claimed = executions.claim_batch(
+        node_id=NODE,
+        queues=["default"],
+        limit=1,
+        horizon=timezone.now(),
+        now=long_ago,
+        start_now=lambda rows: rows,
+    )
+    assert [c.pk for c in claimed] == [execution.pk]
+    row = JobExecution.objects.get(pk=execution.pk)
+    assert row.status == S.RUNNING
+    assert row.started_at > timezone.now() - timedelta(seconds=5)
+    executions.hand_back_unstarted(row)

@@ -586,3 +586,31 @@ def test_tokens_for_an_unknown_user_exit_2(db, args):
         run("tokens", *args)
     assert raised.value.returncode == 2
     assert "nobody" in str(raised.value)
+
+
+def test_a_key_is_revoked_by_a_prefix_of_at_least_four_characters(db):
+    run("createuser", "rex", "--role", "viewer", "--password", "Pw-rex-12345")
+    key = issued_key(run("tokens", "issue", "rex"))
+    for bad in ("", "abc"):
+        with pytest.raises(CommandError) as raised:
+            run("tokens", "revoke", "rex", "--prefix", bad)
+        assert raised.value.returncode == 2 and "--prefix" in str(raised.value)
+    assert ApiToken.objects.filter(user__username="rex").count() == 1
+    run("tokens", "revoke", "rex", "--prefix", key[:5])
+    assert not ApiToken.objects.filter(user__username="rex").exists()
+
+
+def test_createuser_token_replaces_a_key_that_has_expired(db):
+    first = run("createuser", "eve", "--role", "viewer", "--token", "--password", "Pw-eve-12345")
+    old = re.search(r"API token: (\S+)", first).group(1)
+    ApiToken.objects.filter(user__username="eve").update(
+        expires_at=timezone.now() - timedelta(days=1)
+    )
+    again = run(
+        "createuser", "eve", "--role", "viewer", "--token", "--password", "Pw-eve-67890", "--update"
+    )
+    new = re.search(r"API token: (\S+)", again).group(1)
+    assert new != old and "kept" not in again
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {new}")
+    assert client.get("/api/jobs/").status_code == 200

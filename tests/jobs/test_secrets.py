@@ -6,6 +6,7 @@ directory; a secret set nowhere fails the run naming it."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +28,17 @@ SECRET_VALUE = "s3cr3t-value-for-the-test"
 
 @task("test.secret_echo")
 def secret_echo(value: str, headers: dict | None = None) -> dict:
-    """Returns what it was called with (so the test can see the resolved value)."""
+    """Returns, prints and (asked to) raises what it was called with: all of it is recorded."""
+    print(f"called with {value}")
+    if value == "raise":
+        raise RuntimeError(f"refused {headers}")
     return {"value": value, "headers": headers}
+
+
+@task("test.secret_matches")
+def secret_matches(value: str, name: str) -> dict:
+    """Whether the task was given the secret's real value (without recording the value)."""
+    return {"matches": value == os.environ[f"SCHEDULER_SECRET_{name}"], "length": len(value)}
 
 
 def job_payload(name: str, **kwargs: object) -> dict:
@@ -144,15 +154,23 @@ def executor(transactional_db) -> Iterator[Executor]:
     starter.join(10)
 
 
-def run_once(executor: Executor, kwargs: dict) -> JobExecution:
+def run_once(
+    executor: Executor,
+    kwargs: dict,
+    *,
+    task_name: str = "test.secret_echo",
+    job_kwargs: dict | None = None,
+) -> JobExecution:
+    """One enqueued run with ``kwargs`` of a job of ``task_name`` whose own arguments are
+    ``job_kwargs`` (a run may use only the secrets its job uses)."""
     job = services.job_create(
         data={
             "name": f"echo-{len(kwargs)}-{JobExecution.objects.count()}",
-            "task": "test.secret_echo",
+            "task": task_name,
             "schedule_type": "interval",
             "interval_seconds": 3600,
             "concurrency_policy": "allow",
-            "kwargs": {"value": "the job's own"},
+            "kwargs": job_kwargs or {"value": "the job's own"},
         },
         by=services.SYSTEM,
     )
@@ -173,15 +191,39 @@ def test_the_node_calls_the_task_with_the_secret_and_stores_only_the_reference(
 ):
     monkeypatch.setenv("SCHEDULER_SECRET_PING_TOKEN", SECRET_VALUE)
     reference = {"$secret": "PING_TOKEN"}
-    done = run_once(executor, {"value": reference, "headers": {"Authorization": reference}})
+    done = run_once(
+        executor,
+        {"value": reference, "name": "PING_TOKEN"},
+        task_name="test.secret_matches",
+        job_kwargs={"value": reference, "name": "PING_TOKEN"},
+    )
     assert done.status == S.SUCCEEDED, done.error
-    assert done.result == {"value": SECRET_VALUE, "headers": {"Authorization": SECRET_VALUE}}
-    assert done.kwargs == {"value": reference, "headers": {"Authorization": reference}}
+    assert done.result == {"matches": True, "length": len(SECRET_VALUE)}
+    assert done.kwargs == {"value": reference, "name": "PING_TOKEN"}
+
+
+def test_what_a_run_returns_prints_or_raises_never_records_its_secret(executor, monkeypatch):
+    """A task echoing its argument (a result, a print, an error message quoting it): the run's
+    record shows [secret] where the value was."""
+    monkeypatch.setenv("SCHEDULER_SECRET_PING_TOKEN", SECRET_VALUE)
+    reference = {"$secret": "PING_TOKEN"}
+    done = run_once(executor, {"value": reference}, job_kwargs={"value": reference})
+    assert done.status == S.SUCCEEDED
+    assert done.result == {"value": "[secret]", "headers": None}
+    assert done.output == "called with [secret]\n"
+    failed = run_once(
+        executor,
+        {"value": "raise", "headers": {"Authorization": reference}},
+        job_kwargs={"value": reference},
+    )
+    assert failed.status == S.FAILED
+    assert "[secret]" in failed.error and SECRET_VALUE not in failed.error + failed.traceback
 
 
 def test_a_secret_set_nowhere_fails_the_run_naming_it(executor, monkeypatch):
     monkeypatch.delenv("SCHEDULER_SECRET_ABSENT", raising=False)
-    done = run_once(executor, {"value": {"$secret": "ABSENT"}})
+    reference = {"$secret": "ABSENT"}
+    done = run_once(executor, {"value": reference}, job_kwargs={"value": reference})
     assert done.status == S.FAILED
     assert "SecretMissing" in done.error and "ABSENT" in done.error
 
@@ -193,8 +235,11 @@ def test_no_log_line_of_a_run_carries_its_secret(executor, monkeypatch, caplog):
 
     monkeypatch.setenv("SCHEDULER_SECRET_LOGGED", SECRET_VALUE)
     caplog.set_level("DEBUG")
+    reference = {"$secret": "LOGGED"}
     done = run_once(
-        executor, {"value": "plain", "headers": {"Authorization": {"$secret": "LOGGED"}}}
+        executor,
+        {"value": "plain", "headers": {"Authorization": reference}},
+        job_kwargs={"value": "x", "headers": {"Authorization": reference}},
     )
     assert done.status == S.SUCCEEDED
     assert caplog.records, "the run logged nothing: the check would prove nothing"
@@ -203,3 +248,54 @@ def test_no_log_line_of_a_run_carries_its_secret(executor, monkeypatch, caplog):
         context.filter(record)
         assert SECRET_VALUE not in JsonFormatter().format(record)
         assert SECRET_VALUE not in record.getMessage() + record.context
+
+
+def test_an_enqueued_run_may_use_only_the_secrets_its_job_uses(admin_api, monkeypatch):
+    """Enqueueing is an operator's right; which secrets a job may be given is an admin's (who
+    defines the job). A run naming another secret is a 400, nothing written."""
+    reference = {"$secret": "PING_TOKEN"}
+    job = services.job_create(
+        data={
+            "name": "uses-one",
+            "task": "test.secret_echo",
+            "schedule_type": "interval",
+            "interval_seconds": 3600,
+            "kwargs": {"value": reference},
+        },
+        by=services.SYSTEM,
+    )
+    url = f"/api/jobs/{job.pk}/enqueue/"
+    other = admin_api.post(
+        url, {"runs": [{"kwargs": {"value": {"$secret": "DB_PASSWORD"}}}]}, format="json"
+    )
+    assert other.status_code == 400, other.content
+    assert "DB_PASSWORD" in other.json()["0.kwargs"][0]
+    assert not JobExecution.objects.filter(job=job).exists()
+    same = admin_api.post(url, {"runs": [{"kwargs": {"value": reference}}]}, format="json")
+    assert same.status_code == 201, same.content
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"max_tokens": "512", "token_url": "https://auth.example.com/t", "secret_name": "X"},
+        {"credentials_file": "/etc/creds.json", "tokenizer": "bpe", "passage": "text"},
+        {"password_min_length": "8", "headers": {"Accept": "application/json"}},
+    ],
+)
+def test_ordinary_arguments_that_mention_credentials_are_not_refused(value):
+    assert secrets.problems(value, "kwargs") == []
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"api_key": ["sk-123456"]}, "kwargs.api_key.0"),
+        ({"password": 123456}, "kwargs.password"),
+        ({"credentials": {"user": "u", "pass": "p"}}, "kwargs.credentials.pass"),
+        ({"clientSecret": "abc"}, "kwargs.clientSecret"),
+        ({"db": {"access_token": "abc"}}, "kwargs.db.access_token"),
+    ],
+)
+def test_credentials_in_lists_numbers_and_nested_names_are_refused(value, path):
+    assert [found[0] for found in secrets.problems(value, "kwargs")] == [path]

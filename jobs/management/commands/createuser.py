@@ -99,9 +99,11 @@ class Command(BaseCommand):
             )
             key = kept = None
             if token:
-                # One key from here: a user who has one keeps it (it cannot be shown again; a
-                # new one is issued by ``tokens issue``).
-                kept = user.api_tokens.order_by("created_at").first()
+                # One key from here: a user who has a valid one keeps it (it cannot be shown
+                # again; a new one is issued by ``tokens issue``). Expired ones do not count.
+                kept = next(
+                    (t for t in user.api_tokens.order_by("-created_at") if not t.expired()), None
+                )
                 if kept is None:
                     key = tokens.issue(user, by=CLI, name="createuser")[0]
         self.stdout.write(

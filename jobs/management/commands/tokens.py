@@ -82,7 +82,11 @@ class Command(BaseCommand):
             raise CommandError(ERR_NO_USER.format(username=username), returncode=EXIT_USAGE)
         if action == "revoke":
             prefix = options.get("prefix")
-            if not tokens.revoke(user, by=CLI, prefix=prefix):
+            try:
+                gone = tokens.revoke(user, by=CLI, prefix=prefix)
+            except ValueError as exc:
+                raise CommandError(f"--prefix: {exc}", returncode=EXIT_USAGE) from exc
+            if not gone:
                 which = f" starting with {prefix!r}" if prefix else ""
                 raise CommandError(
                     ERR_NO_TOKEN.format(username=username, which=which), returncode=EXIT_USAGE
