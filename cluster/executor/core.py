@@ -158,6 +158,9 @@ class Executor:
         self._claims_in_flight: set[str] = set()
         # Runs this node made active (their bodies may have started), newest last.
         self._launched: OrderedDict[int, None] = OrderedDict()
+        # Claim token prefixes of this process's own claims, newest last (not a previous process
+        # that ran under the same node id: its bodies may have run).
+        self._own_prefixes: OrderedDict[str, None] = OrderedDict()
         install_output_capture()
 
     def _now(self) -> datetime:
@@ -228,6 +231,9 @@ class Executor:
         with self._lock:
             # Until its rows are tracked, the self-audit leaves this claim's rows alone.
             self._claims_in_flight.add(prefix)
+            self._own_prefixes[prefix] = None
+            if len(self._own_prefixes) > LAUNCHED_REMEMBERED:
+                self._own_prefixes.popitem(last=False)
         try:
             return self._claim(free, prefix)
         finally:
@@ -365,11 +371,17 @@ class Executor:
         handed_back = sum(executions.hand_back(execution) for execution in claims)
         lost = 0
         for execution in untracked(mine.filter(status=S.RUNNING, started_at__lt=cutoff)):
+            token = execution.claim_token or ""
             with self._lock:
-                launched = execution.pk in self._launched
-            if not launched:
-                # Marked running (a claim's own start, a batch whose commit's answer was lost)
-                # but never made active here: no body of it ran. Back to the queue, not lost.
+                never_started = (
+                    token[: token.rfind("-") + 1] in self._own_prefixes
+                    and execution.pk not in self._launched
+                )
+            if never_started:
+                # Claimed by this process and marked running (a claim's own start, a batch whose
+                # commit's answer was lost), but never made active here: no body of it ran.
+                # Back to the queue, not lost. (A row of an earlier process under this node id
+                # may have run: it is lost, as before.)
                 handed_back += executions.hand_back_unstarted(execution)
                 continue
             with transaction.atomic():

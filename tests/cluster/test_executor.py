@@ -1157,13 +1157,31 @@ def test_reconcile_gives_back_a_running_row_whose_body_never_started_here(execut
     job = make_job("never-started", "noop", max_retries=0)
     now = timezone.now()
     old = now - timedelta(seconds=RECONCILE_AFTER_S + 5)
+    prefix = executions.new_claim_prefix()
+    executor._own_prefixes[prefix] = None  # claimed by this process
     row = submit(
-        job, status=S.RUNNING, node=NODE, claim_token="c-1", claimed_at=old, started_at=old
+        job,
+        status=S.RUNNING,
+        node=NODE,
+        claim_token=f"{prefix}1",
+        claimed_at=old,
+        started_at=old,
     )
-    assert executor.reconcile(now=now) == (1, 0)
+    # Another process that ran under this node id (restarted): its body may have run.
+    earlier = submit(
+        job,
+        scheduled_for=now - timedelta(seconds=9),
+        status=S.RUNNING,
+        node=NODE,
+        claim_token=f"{executions.new_claim_prefix()}2",
+        claimed_at=old,
+        started_at=old,
+    )
+    assert executor.reconcile(now=now) == (1, 1)
     row.refresh_from_db()
     assert (row.status, row.claim_token, row.node, row.started_at) == (S.PENDING, None, "", None)
-    assert JobExecution.objects.filter(job=job).count() == 1  # no retry row
+    earlier.refresh_from_db()
+    assert earlier.status == S.LOST
 
 
 def test_reconcile_leaves_the_rows_of_a_claim_in_flight_alone(executor):
