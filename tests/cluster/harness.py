@@ -7,12 +7,13 @@ through SCHEDULER_TASK_MODULES.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +172,55 @@ def read_records(path: Path) -> list[tuple[int, float, int, float, int]]:
         execution_id, slot, attempt, started, pid = line.split()
         rows.append((int(execution_id), float(slot), int(attempt), float(started), int(pid)))
     return rows
+
+
+@contextlib.contextmanager
+def running_executor(
+    node_id: str, *, capacity: int, ttl_s: float = 3600, teardown_s: float = 5.0
+) -> Iterator[Any]:
+    """An Executor on an in-memory coordination backend with its starter (and finisher,
+    supervisor, lock keeper) threads running. Its membership is renewed once, for ``ttl_s``: no
+    cluster can declare it dead meanwhile. On exit, unstarted work goes back, running work is
+    handed back, and the threads stop, so no run thread writes into the next test."""
+    import threading
+
+    from cluster.coordination.memory import MemoryBackend
+    from cluster.executor import Executor
+    from cluster.membership import Membership
+
+    backend = MemoryBackend()
+    membership = Membership(backend, node_id, ttl_s=ttl_s)
+    membership.renew({})
+    executor = Executor(
+        node_id=node_id,
+        queues=["default"],
+        capacity=capacity,
+        backend=backend,
+        membership=membership,
+        heartbeat_s=1.0,
+    )
+    stop = threading.Event()
+    starter = threading.Thread(target=executor.run_starter, args=(stop,), daemon=True)
+    starter.start()
+    try:
+        yield executor
+    finally:
+        executor.claiming = False
+        executor.release_unstarted()
+        executor.hand_back_running()
+        executor.wait_idle(teardown_s)
+        stop.set()
+        executor.wake_starter()
+        starter.join(teardown_s)
+
+
+def wait_until_ended(execution_id: int, timeout: float = 15.0) -> Any:
+    """The execution's row once it reached a terminal state."""
+    from jobs.models import JobExecution
+    from jobs.states import TERMINAL_STATES
+
+    def ended() -> Any:
+        row = JobExecution.objects.get(pk=execution_id)
+        return row if row.status in TERMINAL_STATES else None
+
+    return wait_for(ended, timeout, interval=0.02)

@@ -43,7 +43,7 @@ from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
 from jobs.states import TERMINAL_STATES, ExecutionStatus
 from scheduler_project.logging import ContextFilter, JsonFormatter, set_process_context
-from tests.cluster.harness import wait_for
+from tests.cluster.harness import running_executor, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,31 +97,10 @@ def log_file_name(context: TaskContext) -> None:
 
 @pytest.fixture
 def executor() -> Iterator[Executor]:
-    backend = MemoryBackend()
-    # No cluster can declare this node dead here: a presence of an hour, renewed once.
-    membership = Membership(backend, NODE, ttl_s=PRESENCE_TTL_MS / 1000)
-    membership.renew({})
-    runner = Executor(
-        node_id=NODE,
-        queues=["default"],
-        capacity=4,
-        backend=backend,
-        membership=membership,
-        heartbeat_s=1.0,
-    )
-    stop = threading.Event()
-    starter = threading.Thread(target=runner.run_starter, args=(stop,), daemon=True)
-    starter.start()
-    yield runner
-    # Stop whatever still runs before the database is flushed, so no run thread writes into the
-    # next test: unstarted work goes back, running work is handed back (cancelled / killed).
-    runner.claiming = False
-    runner.release_unstarted()
-    runner.hand_back_running()
-    runner.wait_idle(TEARDOWN_TIMEOUT_S)
-    stop.set()
-    runner.wake_starter()
-    starter.join(TEARDOWN_TIMEOUT_S)
+    with running_executor(
+        NODE, capacity=4, ttl_s=PRESENCE_TTL_MS / 1000, teardown_s=TEARDOWN_TIMEOUT_S
+    ) as runner:
+        yield runner
 
 
 def make_job(name: str, task_name: str, **fields: object) -> Job:

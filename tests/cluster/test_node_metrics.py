@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,8 +24,7 @@ from cluster.executor import Executor
 from cluster.membership import Membership
 from jobs import services
 from jobs.models import JobExecution
-from jobs.states import TERMINAL_STATES
-from tests.cluster.harness import wait_for
+from tests.cluster.harness import running_executor, wait_for, wait_until_ended
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NODE = "metrics-node"
@@ -41,26 +39,8 @@ def metrics() -> Iterator[node_metrics.NodeMetrics]:
 
 @pytest.fixture
 def executor(metrics) -> Iterator[Executor]:
-    backend = MemoryBackend()
-    membership = Membership(backend, NODE, ttl_s=3600)
-    membership.renew({})
-    runner = Executor(
-        node_id=NODE,
-        queues=["default"],
-        capacity=3,
-        backend=backend,
-        membership=membership,
-        heartbeat_s=1.0,
-    )
-    stop = threading.Event()
-    starter = threading.Thread(target=runner.run_starter, args=(stop,), daemon=True)
-    starter.start()
-    yield runner
-    runner.claiming = False
-    runner.wait_idle(10)
-    stop.set()
-    runner.wake_starter()
-    starter.join(10)
+    with running_executor(NODE, capacity=3) as runner:
+        yield runner
 
 
 def get(url: str) -> tuple[int, str]:
@@ -91,12 +71,7 @@ def run_one(executor: Executor, name: str, task_name: str, **fields: object) -> 
     )
     [run] = services.runs_enqueue(job_id=job.pk, items=[{}], by=services.SYSTEM)
     assert executor.claim_once() == 1
-
-    def done() -> JobExecution | None:
-        row = JobExecution.objects.get(pk=run.pk)
-        return row if row.status in TERMINAL_STATES else None
-
-    return wait_for(done, 15)
+    return wait_until_ended(run.pk)
 
 
 def test_a_nodes_metrics_name_its_runs_claims_locks_and_leadership(metrics, executor):

@@ -4,7 +4,6 @@ it began and ended, in order; off (the default), nothing is recorded."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -13,14 +12,11 @@ from django.utils import timezone
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from cluster import tracing
-from cluster.coordination.memory import MemoryBackend
 from cluster.executor import Executor
-from cluster.membership import Membership
 from cluster.scheduler import scheduler_tick
 from jobs.models import JobExecution
 from jobs.services import SYSTEM, job_create
-from jobs.states import TERMINAL_STATES
-from tests.cluster.harness import wait_for
+from tests.cluster.harness import running_executor, wait_for, wait_until_ended
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NODE = "traced-node"
@@ -36,26 +32,8 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 
 @pytest.fixture
 def executor() -> Iterator[Executor]:
-    backend = MemoryBackend()
-    membership = Membership(backend, NODE, ttl_s=3600)
-    membership.renew({})
-    runner = Executor(
-        node_id=NODE,
-        queues=["default"],
-        capacity=2,
-        backend=backend,
-        membership=membership,
-        heartbeat_s=1.0,
-    )
-    stop = threading.Event()
-    starter = threading.Thread(target=runner.run_starter, args=(stop,), daemon=True)
-    starter.start()
-    yield runner
-    runner.claiming = False
-    runner.wait_idle(10)
-    stop.set()
-    runner.wake_starter()
-    starter.join(10)
+    with running_executor(NODE, capacity=2) as runner:
+        yield runner
 
 
 def fire_and_run(executor: Executor) -> JobExecution:
@@ -74,12 +52,7 @@ def fire_and_run(executor: Executor) -> JobExecution:
     assert result.fired == 1
     execution = JobExecution.objects.get(job=job, status="pending")
     assert executor.claim_once() == 1
-
-    def done() -> JobExecution | None:
-        row = JobExecution.objects.get(pk=execution.pk)
-        return row if row.status in TERMINAL_STATES else None
-
-    return wait_for(done, 15)
+    return wait_until_ended(execution.pk)
 
 
 def test_one_execution_is_one_trace_of_fire_claim_start_run_finish(exporter, executor):

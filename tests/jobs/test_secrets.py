@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cluster.coordination.memory import MemoryBackend
 from cluster.executor import Executor
-from cluster.membership import Membership
 from jobs import secrets, services
 from jobs.models import AuditEvent, Job, JobExecution
 from jobs.registry import task
-from jobs.states import TERMINAL_STATES, ExecutionStatus
-from tests.cluster.harness import wait_for
+from jobs.states import ExecutionStatus
+from tests.cluster.harness import running_executor, wait_until_ended
 
 S = ExecutionStatus
 SECRET_VALUE = "s3cr3t-value-for-the-test"
@@ -132,26 +129,8 @@ def test_secrets_resolve_from_the_environment_then_the_secrets_directory(
 
 @pytest.fixture
 def executor(transactional_db) -> Iterator[Executor]:
-    backend = MemoryBackend()
-    membership = Membership(backend, "secrets-node", ttl_s=3600)
-    membership.renew({})
-    runner = Executor(
-        node_id="secrets-node",
-        queues=["default"],
-        capacity=2,
-        backend=backend,
-        membership=membership,
-        heartbeat_s=1.0,
-    )
-    stop = threading.Event()
-    starter = threading.Thread(target=runner.run_starter, args=(stop,), daemon=True)
-    starter.start()
-    yield runner
-    runner.claiming = False
-    runner.wait_idle(10)
-    stop.set()
-    runner.wake_starter()
-    starter.join(10)
+    with running_executor("secrets-node", capacity=2) as runner:
+        yield runner
 
 
 def run_once(
@@ -178,12 +157,7 @@ def run_once(
         job_id=job.pk, items=[{"kwargs": kwargs}], by=services.SYSTEM
     )
     assert executor.claim_once() == 1
-
-    def done() -> JobExecution | None:
-        row = JobExecution.objects.get(pk=execution.pk)
-        return row if row.status in TERMINAL_STATES else None
-
-    return wait_for(done, 15)
+    return wait_until_ended(execution.pk)
 
 
 def test_the_node_calls_the_task_with_the_secret_and_stores_only_the_reference(
