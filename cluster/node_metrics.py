@@ -178,7 +178,6 @@ def claim(count: int, seconds: float) -> None:
     m = _current
     if m is None:
         return
-    m.last_claim_pass = time.monotonic()
     m.labels(m.claim_seconds).observe(seconds)
     if count:
         m.labels(m.claim_batch).observe(count)

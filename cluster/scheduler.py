@@ -254,15 +254,19 @@ def scheduler_tick(
             result.skipped = len(created) - result.fired
             result.fired_ids = [r.pk for r in created if r.status == ExecutionStatus.PENDING]
             result.more = len(jobs) == batch_size
-            names = {job.pk: job.name for job in jobs}
-            traced = [
-                (r.pk, names.get(r.job_id, ""), r.scheduled_for)
-                for r in created
-                if r.status == ExecutionStatus.PENDING
-            ]
+            traced = created if tracing.enabled() else []
         result.promoted = executions.promote_due_retries(horizon=horizon)
-    if jobs:
-        tracing.fires(traced, at=now, term=term)  # committed: the fires exist
+    if jobs and traced:
+        names = {job.pk: job.name for job in jobs}
+        tracing.fires(  # committed: the fires exist
+            [
+                (r.pk, names.get(r.job_id, ""), r.scheduled_for)
+                for r in traced
+                if r.status == ExecutionStatus.PENDING
+            ],
+            at=now,
+            term=term,
+        )
     return result
 
 

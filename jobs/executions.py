@@ -441,7 +441,13 @@ def claim_batch(
 
 
 def new_claim_prefix() -> str:
+    """A claim batch's token prefix; each row's token is ``<prefix><id>``."""
     return f"{uuid.uuid4().hex[:16]}-"
+
+
+def claim_prefix_of(token: str | None) -> str:
+    """The batch prefix of a claim token ("" for none)."""
+    return (token or "")[: (token or "").rfind("-") + 1]
 
 
 def hand_back(execution: JobExecution, *, run_after: datetime | None = None) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +74,22 @@ def problems(value: Any, path: str) -> list[tuple[str, str]]:
     return found
 
 
+def _replace_references(value: Any, replace: Callable[[Any], Any]) -> Any:
+    """``value`` with each reference replaced by ``replace(its name)``."""
+    if is_reference(value):
+        return replace(value.get(REFERENCE_KEY))
+    if isinstance(value, dict):
+        return {k: _replace_references(v, replace) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_references(v, replace) for v in value]
+    return value
+
+
 def referenced(value: Any) -> set[str]:
     """The secret names ``value`` refers to."""
-    if is_reference(value):
-        name = value.get(REFERENCE_KEY)
-        return {name} if isinstance(name, str) else set()
-    if isinstance(value, dict):
-        return set().union(*(referenced(v) for v in value.values()))
-    if isinstance(value, list):
-        return set().union(*(referenced(v) for v in value))
-    return set()
+    names: set[str] = set()
+    _replace_references(value, lambda name: names.add(name) if isinstance(name, str) else None)
+    return names
 
 
 def names_a_credential(key: str) -> bool:
@@ -116,24 +123,12 @@ def _walk(value: Any, path: str, sensitive: bool, found: list[tuple[str, str]]) 
 def placeholders(value: Any) -> Any:
     """``value`` with each reference replaced by a stand-in string (for checking a call against
     its task before any secret is known)."""
-    if is_reference(value):
-        return f"<secret {value.get(REFERENCE_KEY)}>"
-    if isinstance(value, dict):
-        return {k: placeholders(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [placeholders(v) for v in value]
-    return value
+    return _replace_references(value, lambda name: f"<secret {name}>")
 
 
 def resolve(value: Any) -> Any:
     """``value`` with each reference replaced by the secret (SecretMissing if one is not set)."""
-    if is_reference(value):
-        return lookup(value[REFERENCE_KEY])
-    if isinstance(value, dict):
-        return {k: resolve(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [resolve(v) for v in value]
-    return value
+    return _replace_references(value, lookup)
 
 
 def lookup(name: str) -> str:
@@ -158,9 +153,12 @@ def lookup(name: str) -> str:
 def resolve_call(args: list, kwargs: dict) -> tuple[list, dict, list[str]]:
     """The call's arguments with their secrets, and the secret values revealed (to ``scrub``
     from what the run records)."""
-    names = referenced(args) | referenced(kwargs)
-    revealed = [lookup(name) for name in sorted(names)]
-    return resolve(args), resolve(kwargs), revealed
+    found = {name: lookup(name) for name in sorted(referenced(args) | referenced(kwargs))}
+    return (
+        _replace_references(args, found.__getitem__),
+        _replace_references(kwargs, found.__getitem__),
+        list(found.values()),
+    )
 
 
 # A revealed value shorter than this is not scrubbed (it would mangle ordinary text).

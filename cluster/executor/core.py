@@ -355,13 +355,13 @@ class Executor:
                 | {item.execution.pk for item in self._timer_heap}
                 | {waiting.item.execution.pk for waiting in self._waiting}
             )
-            in_flight = tuple(self._claims_in_flight)
+            in_flight = set(self._claims_in_flight)
 
         def untracked(rows: Any) -> list[JobExecution]:
             return [
                 row
                 for row in rows.exclude(pk__in=tracked)
-                if not (row.claim_token or "").startswith(in_flight or ("\0",))
+                if executions.claim_prefix_of(row.claim_token) not in in_flight
             ]
 
         mine = JobExecution.objects.select_related("job").filter(node=self.node_id)
@@ -371,10 +371,9 @@ class Executor:
         handed_back = sum(executions.hand_back(execution) for execution in claims)
         lost = 0
         for execution in untracked(mine.filter(status=S.RUNNING, started_at__lt=cutoff)):
-            token = execution.claim_token or ""
             with self._lock:
                 never_started = (
-                    token[: token.rfind("-") + 1] in self._own_prefixes
+                    executions.claim_prefix_of(execution.claim_token) in self._own_prefixes
                     and execution.pk not in self._launched
                 )
             if never_started:
