@@ -26,6 +26,14 @@ MIN_PREFIX_CHARS = 4
 LAST_USED_EVERY = timedelta(minutes=1)
 
 
+def new_key() -> str:
+    """A random key (256 bits) that does not start with "-": its prefix is typed on command lines
+    (``tokens revoke --prefix``), where a leading dash reads as an option."""
+    while (key := secrets.token_urlsafe(32))[0] == "-":
+        pass
+    return key
+
+
 def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -47,7 +55,7 @@ def issue(
     expires."""
     from jobs.services import audit_record
 
-    key = secrets.token_urlsafe(32)
+    key = new_key()
     ttl = default_lifetime() if lifetime == "default" else lifetime
     now = timezone.now()
     with transaction.atomic():
