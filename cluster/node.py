@@ -190,6 +190,7 @@ class NodeRunner:
         self._last_reap = 0.0
         self._last_reconcile = self.clock.monotonic()
         self._idle_since: tuple[str, float] | None = None
+        self._ended_term: int | None = None
         self._idle_logged = float("-inf")
         self._threads: list[threading.Thread] = []
         self.membership = Membership(
@@ -409,6 +410,9 @@ class NodeRunner:
             set_process_context(term=term)
 
     def _record_term_end(self, lease: Lease, reason: str) -> None:
+        if self._ended_term == lease.term:
+            return  # already recorded (a drain records its step-down before releasing)
+        self._ended_term = lease.term
         self._term_in_logs(None)
         node_metrics.leading(None, reason)
         extra = {**self._log_extra, "term": lease.term}
@@ -599,6 +603,11 @@ class NodeRunner:
         self.executor.claiming = False
         self._leading.clear()
         self._election_stop.set()
+        lease = self.elector.lease
+        if lease is not None and self._term == lease.term:
+            # Recorded before the lease is released: the next leader closes any term still open
+            # when it records its own, and would call this one's end "lease lost".
+            self._record_term_end(lease, "stepped_down")
         try:
             self.elector.release()
         except Exception:
