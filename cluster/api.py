@@ -38,6 +38,13 @@ class NodeSerializer(serializers.ModelSerializer):
 
 
 class TermSerializer(serializers.ModelSerializer):
+    end_reason = serializers.ChoiceField(
+        choices=LeadershipTerm._meta.get_field("end_reason").choices,
+        allow_blank=True,
+        read_only=True,
+        help_text="Why the term ended; empty while it is open.",
+    )
+
     class Meta:
         model = LeadershipTerm
         fields = ["term", "node_id", "acquired_at", "ended_at", "end_reason"]

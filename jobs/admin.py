@@ -14,9 +14,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs import services, tokens
+from jobs.definition import RULES, WRITABLE_FIELDS
 from jobs.models import ApiToken, AuditEvent, AuditSource, Job, JobExecution
 from jobs.roles import ADMIN, OPERATOR, VIEWER, has_role
-from jobs.validation import WRITABLE_FIELDS, JobValidationError, clean_job
+from jobs.validation import JobValidationError, clean_job
 
 
 def admin_actor(request: HttpRequest) -> services.Actor:
@@ -58,6 +59,9 @@ class JobAdminForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        for name, rule in RULES.items():  # the same words as the API schema and the dashboard
+            if name in self.fields:
+                self.fields[name].help_text = rule.help
         if self.instance.pk:
             self.fields["expected_version"].initial = self.instance.version
 

@@ -11,34 +11,32 @@ from __future__ import annotations
 import json
 import zoneinfo
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any
 
 from django import forms
 from django.utils.dateparse import parse_datetime
 
 from jobs import registry
-from jobs.models import ConcurrencyPolicy, Isolation, Job, MisfirePolicy, ScheduleType
-from jobs.validation import JOB_DEFAULTS, WRITABLE_FIELDS
+from jobs.definition import (
+    BOOLEAN,
+    CHOICE,
+    DATETIME,
+    FIELDS,
+    INTEGER,
+    JOB_DEFAULTS,
+    LIST,
+    NUMBER,
+    OBJECT,
+    SCHEDULE_FIELDS,
+    WRITABLE_FIELDS,
+    FieldRule,
+)
+from jobs.models import Job, ScheduleType
 
 ERR_BAD_JSON = "Must be valid JSON ({reason})."
 ERR_BAD_DATETIME = "Enter a date and time, e.g. 2026-12-01 10:00."
 # The value datetime-local inputs accept and show: seconds kept, so an unchanged run_at round-trips.
 DATETIME_LOCAL_FORMAT = "%Y-%m-%dT%H:%M:%S"
-
-# Which form fields belong to which schedule type; only those of the chosen type are submitted
-# (clean_job refuses a field of another type that is sent with a value).
-SCHEDULE_TYPE_FIELDS = {
-    ScheduleType.CRON: ("cron_expression", "timezone"),
-    ScheduleType.INTERVAL: ("interval_seconds", "start_at"),
-    ScheduleType.ONCE: ("run_at",),
-}
-ALL_SCHEDULE_FIELDS = ("cron_expression", "timezone", "interval_seconds", "start_at", "run_at")
-
-
-@lru_cache(maxsize=1)
-def timezone_names() -> tuple[str, ...]:
-    return tuple(sorted(zoneinfo.available_timezones()))
 
 
 def _viewer_zone(name: str) -> zoneinfo.ZoneInfo | type[UTC]:
@@ -91,61 +89,51 @@ class LocalDateTimeField(forms.CharField):
         return super().to_python(value).strip()
 
 
+def _form_field(rule: FieldRule) -> forms.Field:
+    """The dashboard's input for one field of the job definition: its label and help from the
+    table; only the widget is the form's own. The values are checked by ``clean_job``."""
+    common: dict[str, Any] = {"label": rule.title, "help_text": rule.help}
+    # What the editor must always fill: not the schedule's fields (only one type's are shown),
+    # not what may be empty or null.
+    optional = (
+        rule.nullable
+        or rule.schedule is not None
+        or rule.default == ""
+        or rule.kind in (BOOLEAN, LIST, OBJECT)
+    )
+    common["required"] = not optional
+    if rule.kind == LIST:
+        return JsonTextField(empty=[], **common)
+    if rule.kind == OBJECT:
+        return JsonTextField(empty={}, **common)
+    if rule.kind == DATETIME:
+        return LocalDateTimeField(**common)
+    if rule.kind == BOOLEAN:
+        return forms.BooleanField(**common)
+    if rule.kind == INTEGER:
+        return forms.IntegerField(**common)
+    if rule.kind == NUMBER:
+        return forms.FloatField(**common)
+    if rule.kind == CHOICE and isinstance(rule.choices, type):
+        widget = forms.RadioSelect if rule.name == "schedule_type" else None
+        return forms.ChoiceField(choices=rule.choice_pairs(), widget=widget, **common)
+    if rule.name == "task":
+        return forms.ChoiceField(**common)  # choices are read when the form is built
+    widget: forms.Widget | None = None
+    if rule.name == "description":
+        widget = forms.Textarea(attrs={"rows": 2})
+    elif rule.name == "cron_expression":
+        widget = forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"})
+    elif rule.name == "timezone":  # a text input over a list of every zone name
+        widget = forms.TextInput(attrs={"list": "timezone-names", "autocomplete": "off"})
+    return forms.CharField(max_length=rule.max_length or 64, widget=widget, **common)
+
+
 class JobForm(forms.Form):
-    name = forms.CharField(max_length=200)
-    description = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=10_000
-    )
-    task = forms.ChoiceField()
-    args = JsonTextField(
-        label="Arguments", empty=[], help_text="Positional arguments: a JSON list, e.g. [30]."
-    )
-    kwargs = JsonTextField(
-        label="Keyword arguments",
-        empty={},
-        help_text='Keyword arguments: a JSON object, e.g. {"message": "hi"}.',
-    )
+    """The job editor: one input per field of ``jobs.definition.FIELDS``, plus the viewer's time
+    zone (how a date-time typed without an offset is read)."""
 
-    schedule_type = forms.ChoiceField(choices=ScheduleType.choices, widget=forms.RadioSelect)
-    cron_expression = forms.CharField(
-        required=False,
-        max_length=200,
-        help_text="5 fields (minute hour day month weekday) or 6 with seconds first; @daily etc.",
-        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
-    )
-    timezone = forms.CharField(
-        label="Time zone",
-        required=False,
-        max_length=64,
-        help_text="IANA time zone the cron fields are read in, e.g. Europe/Berlin.",
-        widget=forms.TextInput(attrs={"list": "timezone-names", "autocomplete": "off"}),
-    )
-    interval_seconds = forms.IntegerField(required=False, help_text="Seconds between runs.")
-    start_at = LocalDateTimeField(help_text="Optional anchor of the interval slots (your time).")
-    run_at = LocalDateTimeField(help_text="When the job runs (your time).")
     viewer_timezone = forms.CharField(required=False, widget=forms.HiddenInput, initial="UTC")
-
-    enabled = forms.BooleanField(required=False, help_text="A paused job does not fire.")
-    misfire_policy = forms.ChoiceField(choices=MisfirePolicy.choices)
-    misfire_grace_seconds = forms.IntegerField(
-        help_text="How late a fire may still start before the misfire policy applies."
-    )
-    run_all_max = forms.IntegerField(help_text="Most missed fires 'Run all' catches up.")
-    concurrency_policy = forms.ChoiceField(choices=ConcurrencyPolicy.choices)
-
-    max_retries = forms.IntegerField()
-    retry_backoff_base = forms.FloatField(help_text="Seconds before the first retry.")
-    retry_backoff_factor = forms.FloatField(help_text="Each further delay is multiplied by this.")
-    retry_backoff_max = forms.FloatField(help_text="Longest single delay, in seconds.")
-    retry_jitter = forms.BooleanField(required=False, help_text="Randomise delays a little.")
-
-    timeout_seconds = forms.IntegerField(required=False, help_text="Empty means no timeout.")
-    isolation = forms.ChoiceField(choices=Isolation.choices)
-    queue = forms.CharField(max_length=64)
-    priority = forms.IntegerField(help_text="Higher runs first when nodes are busy.")
-    spread_seconds = forms.IntegerField(
-        help_text="Delay each fire by a stable per-job offset below this, to avoid stampedes."
-    )
 
     def __init__(self, *args: Any, job: Job | None = None, **kwargs: Any) -> None:
         if job is not None and "initial" not in kwargs:
@@ -153,6 +141,9 @@ class JobForm(forms.Form):
         # A new job starts as a cron schedule: the most common kind, and the preview shows it.
         kwargs.setdefault("initial", {**JOB_DEFAULTS, "schedule_type": ScheduleType.CRON})
         super().__init__(*args, **kwargs)
+        for rule in FIELDS:
+            self.fields[rule.name] = _form_field(rule)
+        self.order_fields(WRITABLE_FIELDS)
         self.job = job
         names = registry.task_names()
         current = job.task if job is not None else None
@@ -189,11 +180,14 @@ class JobForm(forms.Form):
         data = {
             field: self.cleaned_data.get(field)
             for field in WRITABLE_FIELDS
-            if field not in ALL_SCHEDULE_FIELDS
+            if field not in SCHEDULE_FIELDS
         }
+        # Only the chosen type's schedule fields are submitted (clean_job refuses a field of
+        # another type that is sent with a value).
         schedule_type = data["schedule_type"]
-        for field in SCHEDULE_TYPE_FIELDS.get(schedule_type, ()):
-            data[field] = self.cleaned_data.get(field)
+        for field, kind in SCHEDULE_FIELDS.items():
+            if kind == schedule_type:
+                data[field] = self.cleaned_data.get(field)
         if schedule_type == ScheduleType.CRON:
             data["cron_expression"] = data["cron_expression"] or ""
             data["timezone"] = data["timezone"] or "UTC"

@@ -17,28 +17,32 @@ from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
 from jobs import registry, schedules, secrets
-from jobs.models import (
-    MAX_BACKOFF_S,
-    MAX_GRACE_S,
-    MAX_INTERVAL_S,
-    MAX_PRIORITY,
-    MAX_RETRIES,
-    MAX_RUN_ALL_CATCHUP,
-    MAX_SPREAD_S,
-    MAX_TIMEOUT_S,
-    ConcurrencyPolicy,
-    Isolation,
-    MisfirePolicy,
-    ScheduleType,
+from jobs.definition import (  # noqa: F401 - re-exported: the names every caller knows
+    BOOLEAN,
+    CHOICE,
+    DATETIME,
+    ERR_NAME_FORMAT,
+    ERR_QUEUE_FORMAT,
+    FIELDS,
+    INTEGER,
+    JOB_DEFAULTS,
+    MAX_BACKOFF_FACTOR,
+    MAX_DESCRIPTION_CHARS,
+    MAX_NAME_CHARS,
+    NUMBER,
+    REQUIRED_BY_SCHEDULE,
+    RULES,
+    SCHEDULE_DEFAULTS,
+    SCHEDULE_FIELDS,
+    TEXT,
+    WRITABLE_FIELDS,
+    FieldRule,
+    foreign_empty,
 )
+from jobs.models import MAX_INTERVAL_S, MAX_PRIORITY, ScheduleType
 
-MAX_NAME_CHARS = 200
-MAX_DESCRIPTION_CHARS = 10_000
-MAX_BACKOFF_FACTOR = 10.0
 # A one-off job may be submitted "due now": allow run_at this far in the past (client/server skew).
 ONCE_PAST_TOLERANCE = timedelta(seconds=60)
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@/+-]*$")
-QUEUE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 ERR_REQUIRED = "This field is required."
 ERR_NOT_INTEGER = "Must be an integer."
@@ -49,10 +53,6 @@ ERR_NOT_DATETIME = "Must be an ISO 8601 date-time with a time zone, e.g. 2026-12
 ERR_RANGE = "Must be between {low} and {high}."
 ERR_TOO_LONG = "At most {limit} characters."
 ERR_CHOICE = "{value!r} is not one of: {choices}."
-ERR_NAME_FORMAT = (
-    "Must start with a letter or digit and contain only letters, digits, spaces and _ . : @ / + -"
-)
-ERR_QUEUE_FORMAT = "Lower-case letters, digits, _ . - only, at most 64 characters."
 ERR_NOT_FOR_TYPE = "Only allowed for a {kind} schedule."
 ERR_ONCE_IN_PAST = "Is in the past ({value}); a one-off job must be due now or later."
 ERR_ARGS_TOO_LARGE = "Serialized arguments are {size} bytes; the limit is {limit} bytes."
@@ -65,72 +65,6 @@ DATETIME_MIN = datetime(1000, 1, 2, tzinfo=UTC)
 DATETIME_MAX = datetime(9999, 12, 30, tzinfo=UTC)
 ERR_DATETIME_RANGE = "Must be between 1000-01-02 and 9999-12-30 (UTC)."
 ERR_READ_ONLY = "Read-only field."
-
-# Fields a client may set, and the schedule type each schedule-only field belongs to.
-WRITABLE_FIELDS = (
-    "name",
-    "description",
-    "task",
-    "args",
-    "kwargs",
-    "schedule_type",
-    "cron_expression",
-    "timezone",
-    "interval_seconds",
-    "start_at",
-    "run_at",
-    "enabled",
-    "misfire_policy",
-    "misfire_grace_seconds",
-    "run_all_max",
-    "concurrency_policy",
-    "max_retries",
-    "retry_backoff_base",
-    "retry_backoff_factor",
-    "retry_backoff_max",
-    "retry_jitter",
-    "timeout_seconds",
-    "isolation",
-    "priority",
-    "queue",
-    "spread_seconds",
-)
-SCHEDULE_FIELDS = {
-    "cron_expression": ScheduleType.CRON,
-    "timezone": ScheduleType.CRON,
-    "interval_seconds": ScheduleType.INTERVAL,
-    "start_at": ScheduleType.INTERVAL,
-    "run_at": ScheduleType.ONCE,
-}
-SCHEDULE_DEFAULTS: dict[str, Any] = {
-    "cron_expression": "",
-    "timezone": "UTC",
-    "interval_seconds": None,
-    "start_at": None,
-    "run_at": None,
-}
-# Defaults of a new job (mirrors jobs.models.Job).
-JOB_DEFAULTS: dict[str, Any] = {
-    "description": "",
-    "args": [],
-    "kwargs": {},
-    **SCHEDULE_DEFAULTS,
-    "enabled": True,
-    "misfire_policy": MisfirePolicy.RUN_ONCE.value,
-    "misfire_grace_seconds": 60,
-    "run_all_max": 10,
-    "concurrency_policy": ConcurrencyPolicy.FORBID.value,
-    "max_retries": 0,
-    "retry_backoff_base": 1.0,
-    "retry_backoff_factor": 2.0,
-    "retry_backoff_max": 300.0,
-    "retry_jitter": True,
-    "timeout_seconds": None,
-    "isolation": Isolation.THREAD.value,
-    "priority": 0,
-    "queue": "default",
-    "spread_seconds": 0,
-}
 
 
 class JobValidationError(Exception):
@@ -232,11 +166,53 @@ def _string(errors: _Errors, field: str, value: Any, limit: int) -> str | None:
     return value
 
 
+# A choice among more values than this is refused without listing them all.
+MAX_LISTED_CHOICES = 12
+
+
 def _choice(errors: _Errors, field: str, value: Any, choices: type) -> str | None:
-    allowed = [c.value for c in choices]
-    if value not in allowed:
+    return _allowed(errors, field, value, tuple(c.value for c in choices), "")
+
+
+def _allowed(
+    errors: _Errors, field: str, value: Any, allowed: tuple[str, ...], error: str
+) -> str | None:
+    if isinstance(value, str) and value in allowed:
+        return value
+    if value is None or value == "":
+        errors.add(field, ERR_REQUIRED)
+    elif not isinstance(value, str):
+        errors.add(field, ERR_NOT_STRING)
+    elif len(allowed) > MAX_LISTED_CHOICES and error:
+        errors.add(field, error.format(value=value))
+    else:
         errors.add(field, ERR_CHOICE.format(value=value, choices=", ".join(allowed)))
+    return None
+
+
+def check_field(errors: _Errors, rule: FieldRule, value: Any) -> Any:
+    """One field's value checked by its rule in ``jobs.definition``: returns it cleaned, or None
+    with the reason recorded. (Lists and objects are checked with the task they are passed to.)"""
+    if value is None and rule.nullable:
         return None
+    if rule.kind == TEXT:
+        text = _string(errors, rule.name, value, rule.max_length or MAX_DESCRIPTION_CHARS)
+        if text is not None and rule.pattern is not None and not re.match(rule.pattern, text):
+            errors.add(rule.name, rule.pattern_error)
+            return None
+        return text
+    if rule.kind == INTEGER:
+        return _integer(errors, rule.name, value, int(rule.low), int(rule.high))
+    if rule.kind == NUMBER:
+        return _number(errors, rule.name, value, rule.low, rule.high)
+    if rule.kind == BOOLEAN:
+        return _boolean(errors, rule.name, value)
+    if rule.kind == CHOICE:
+        return _allowed(errors, rule.name, value, rule.allowed(), rule.choice_error)
+    if rule.kind == DATETIME:
+        if value is None:
+            errors.add(rule.name, ERR_REQUIRED)
+        return _datetime(errors, rule.name, value)
     return value
 
 
@@ -360,103 +336,48 @@ def clean_job(
     values = {**base, **{k: v for k, v in submitted.items() if k in WRITABLE_FIELDS}}
     out: dict[str, Any] = {}
 
-    name = values.get("name")
-    if _string(errors, "name", name, MAX_NAME_CHARS) is not None:
-        if not name.strip() or not NAME_RE.match(name) or name != name.strip():
-            errors.add("name", ERR_NAME_FORMAT)
-        else:
-            out["name"] = name
-    out["description"] = _string(
-        errors, "description", values.get("description"), MAX_DESCRIPTION_CHARS
-    )
-
-    # --- schedule --------------------------------------------------------------------------------
-    schedule_type = _choice(errors, "schedule_type", values.get("schedule_type"), ScheduleType)
+    # Every field by its rule; a schedule field of another type is reset to its default (sending
+    # one with a value is an error), one of this type that the type needs must be there.
+    schedule_type = check_field(errors, RULES["schedule_type"], values.get("schedule_type"))
+    for rule in FIELDS:
+        name = rule.name
+        if name in ("task", "args", "kwargs", "schedule_type"):
+            continue  # the task and its arguments are checked together, below
+        if rule.schedule is not None and rule.schedule != schedule_type:
+            if schedule_type is not None and submitted.get(name) not in foreign_empty(rule):
+                errors.add(name, ERR_NOT_FOR_TYPE.format(kind=rule.schedule))
+            out[name] = rule.default
+            continue
+        value = values.get(name)
+        if name in REQUIRED_BY_SCHEDULE and value in (None, ""):
+            errors.add(name, ERR_REQUIRED)
+            out[name] = None
+            continue
+        if name == "cron_expression" and isinstance(value, str):
+            value = value.strip()
+        out[name] = check_field(errors, rule, value)
     out["schedule_type"] = schedule_type
-    if schedule_type is not None:
-        for field, kind in SCHEDULE_FIELDS.items():
-            if kind == schedule_type:
-                continue
-            sent = field in submitted and submitted[field] not in (None, "", "UTC")
-            if sent:
-                errors.add(field, ERR_NOT_FOR_TYPE.format(kind=kind.value))
-            values[field] = SCHEDULE_DEFAULTS[field]
-    out.update({field: values[field] for field in SCHEDULE_DEFAULTS})
 
-    if schedule_type == ScheduleType.CRON:
-        expression = _string(errors, "cron_expression", values["cron_expression"], 200)
-        tz_name = _string(errors, "timezone", values["timezone"], 64)
-        if expression is not None:
-            try:
-                schedules.parse_cron(expression.strip())
-                out["cron_expression"] = expression.strip()
-            except schedules.ScheduleError as exc:
-                errors.add("cron_expression", exc.message)
-        if tz_name is not None:
-            try:
-                schedules.validate_timezone(tz_name)
-            except schedules.ScheduleError as exc:
-                errors.add("timezone", exc.message)
-    elif schedule_type == ScheduleType.INTERVAL:
-        out["interval_seconds"] = _integer(
-            errors, "interval_seconds", values["interval_seconds"], 1, MAX_INTERVAL_S
-        )
-        out["start_at"] = _datetime(errors, "start_at", values["start_at"])
-    elif schedule_type == ScheduleType.ONCE:
-        run_at = _datetime(errors, "run_at", values["run_at"])
-        if values["run_at"] is None:
-            errors.add("run_at", ERR_REQUIRED)
-        elif run_at is not None:
-            unchanged = current is not None and current.get("run_at") == run_at
-            # A disabled one-off never fires, so a past run_at is harmless there (this is how an
-            # exported one-off that already ran is restored).
-            if run_at < now - ONCE_PAST_TOLERANCE and not unchanged and values.get("enabled"):
-                errors.add("run_at", ERR_ONCE_IN_PAST.format(value=run_at.isoformat()))
-        out["run_at"] = run_at
-
-    # --- task ------------------------------------------------------------------------------------
-    task = _string(errors, "task", values.get("task"), 200)
+    # --- what no single field's rule says ----------------------------------------------------------
+    if out.get("cron_expression"):
+        try:
+            schedules.parse_cron(out["cron_expression"])
+        except schedules.ScheduleError as exc:
+            errors.add("cron_expression", exc.message)
+            out["cron_expression"] = None
+    run_at = out.get("run_at")
+    if schedule_type == ScheduleType.ONCE and run_at is not None:
+        unchanged = current is not None and current.get("run_at") == run_at
+        # A disabled one-off never fires, so a past run_at is harmless there (this is how an
+        # exported one-off that already ran is restored).
+        if run_at < now - ONCE_PAST_TOLERANCE and not unchanged and values.get("enabled"):
+            errors.add("run_at", ERR_ONCE_IN_PAST.format(value=run_at.isoformat()))
+    task = _string(errors, "task", values.get("task"), RULES["task"].max_length or 200)
     args, kwargs = values.get("args"), values.get("kwargs")
     if task is not None:
         out["task"] = task
     _call_arguments(errors, task, args, kwargs)
     out["args"], out["kwargs"] = args, kwargs
-
-    # --- policies and numbers ----------------------------------------------------------------------
-    out["enabled"] = _boolean(errors, "enabled", values.get("enabled"))
-    out["retry_jitter"] = _boolean(errors, "retry_jitter", values.get("retry_jitter"))
-    out["misfire_policy"] = _choice(
-        errors, "misfire_policy", values.get("misfire_policy"), MisfirePolicy
-    )
-    out["isolation"] = _choice(errors, "isolation", values.get("isolation"), Isolation)
-    out["concurrency_policy"] = _choice(
-        errors, "concurrency_policy", values.get("concurrency_policy"), ConcurrencyPolicy
-    )
-    integer_fields = {
-        "misfire_grace_seconds": (0, MAX_GRACE_S),
-        "run_all_max": (1, MAX_RUN_ALL_CATCHUP),
-        "max_retries": (0, MAX_RETRIES),
-        "priority": (-MAX_PRIORITY, MAX_PRIORITY),
-        "spread_seconds": (0, MAX_SPREAD_S),
-    }
-    for field, (low, high) in integer_fields.items():
-        out[field] = _integer(errors, field, values.get(field), low, high)
-    out["timeout_seconds"] = _integer(
-        errors, "timeout_seconds", values.get("timeout_seconds"), 1, MAX_TIMEOUT_S, nullable=True
-    )
-    out["retry_backoff_base"] = _number(
-        errors, "retry_backoff_base", values.get("retry_backoff_base"), 0, MAX_BACKOFF_S
-    )
-    out["retry_backoff_factor"] = _number(
-        errors, "retry_backoff_factor", values.get("retry_backoff_factor"), 1, MAX_BACKOFF_FACTOR
-    )
-    out["retry_backoff_max"] = _number(
-        errors, "retry_backoff_max", values.get("retry_backoff_max"), 0, MAX_BACKOFF_S
-    )
-    queue = _string(errors, "queue", values.get("queue"), 64)
-    if queue is not None and not QUEUE_RE.match(queue):
-        errors.add("queue", ERR_QUEUE_FORMAT)
-    out["queue"] = queue
     interval = out.get("interval_seconds")
     spread = out.get("spread_seconds")
     if interval and spread and spread >= interval and "spread_seconds" not in errors:
@@ -464,7 +385,7 @@ def clean_job(
 
     if errors.by_field:
         raise JobValidationError(errors.by_field)
-    return out
+    return {name: out.get(name) for name in WRITABLE_FIELDS}
 
 
 MAX_PREVIEW_COUNT = 50

@@ -40,7 +40,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from jobs import registry, selectors, services
-from jobs.forms import JobForm, JobVersionForm, timezone_names
+from jobs.definition import timezone_names
+from jobs.forms import JobForm, JobVersionForm
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType
 from jobs.roles import ADMIN, OPERATOR, VIEWER, has_role, user_role
 from jobs.services import ActionNotAllowed, Actor, VersionConflict

@@ -274,11 +274,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["jobs.api.parsers.BoundedJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "jobs.api.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.SearchFilter",
-        "rest_framework.filters.OrderingFilter",
+        "jobs.api.filters.StrictFilterBackend",
+        "jobs.api.filters.SearchFilter",
+        "jobs.api.filters.OrderingFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "jobs.api.schema.SchedulerAutoSchema",
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     # Per user (token or session) for every call, stricter for writes; per address when anonymous.
@@ -305,6 +305,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "jobs.api.schema.text_parameters_without_nul",
+    ],
 }
 
 # --- i18n, static ---------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 from django.contrib import admin
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.templatetags.static import static
 from django.urls import include, path
+from django.views.defaults import page_not_found
 from django.views.generic import RedirectView
 from drf_spectacular.views import (
     SpectacularAPIView,
@@ -35,6 +36,16 @@ class SwaggerDocs(_SignInFirst, SpectacularSwaggerSplitView):
 class RedocDocs(_SignInFirst, SpectacularRedocView):
     pass
 
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """An address no route matches: JSON under /api/ (what every API answer is, e.g. an id that is
+    not a number), the HTML page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return page_not_found(request, exception)
+
+
+handler404 = not_found
 
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")

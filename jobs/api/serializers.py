@@ -1,5 +1,6 @@
-"""API representations. Reads use model serializers; writes are validated by jobs.validation (the one
-set of rules shared with the admin and the CLI), so ``JobWriteSerializer`` only documents the body."""
+"""API representations. Reads use model serializers. Writes are validated by ``jobs.validation`` and
+their bodies are described by JSON Schema derived from the same table (``jobs.definition``), so the
+schema and the server cannot drift apart."""
 
 from __future__ import annotations
 
@@ -7,29 +8,20 @@ from typing import Any
 
 from rest_framework import serializers
 
-from jobs.models import (
-    MAX_BACKOFF_S,
-    MAX_GRACE_S,
-    MAX_INTERVAL_S,
-    MAX_RETRIES,
-    MAX_SPREAD_S,
-    MAX_TIMEOUT_S,
-    AuditEvent,
-    ConcurrencyPolicy,
-    Isolation,
-    Job,
-    JobExecution,
-    MisfirePolicy,
-    ScheduleType,
-)
+from jobs.definition import WRITABLE_FIELDS, job_body_schema, json_schema
+from jobs.models import MAX_PRIORITY, AuditEvent, Job, JobExecution
 from jobs.selectors import job_schedule_description
-from jobs.validation import WRITABLE_FIELDS
+from jobs.services import MAX_BATCH_JOBS, MAX_ENQUEUE_RUNS
 
 
 class JobSerializer(serializers.ModelSerializer):
     schedule_description = serializers.SerializerMethodField()
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    updated_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    updated_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Job
@@ -51,78 +43,86 @@ class JobSerializer(serializers.ModelSerializer):
         return job_schedule_description(job)
 
 
-class JobWriteSerializer(serializers.Serializer):
-    """The body of create (POST) and update (PUT/PATCH). ``version`` is required on updates."""
-
-    name = serializers.CharField(max_length=200)
-    description = serializers.CharField(required=False, allow_blank=True)
-    task = serializers.CharField(help_text="A registered task name, e.g. noop, sleep, log.")
-    args = serializers.ListField(required=False, help_text="Positional arguments (JSON list).")
-    kwargs = serializers.DictField(required=False, help_text="Keyword arguments (JSON object).")
-    schedule_type = serializers.ChoiceField(choices=ScheduleType.choices)
-    cron_expression = serializers.CharField(
-        required=False, help_text="5 fields, or 6 with seconds first."
-    )
-    timezone = serializers.CharField(required=False, help_text="IANA name, e.g. Europe/Berlin.")
-    interval_seconds = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_INTERVAL_S
-    )
-    start_at = serializers.DateTimeField(required=False, allow_null=True)
-    run_at = serializers.DateTimeField(required=False)
-    enabled = serializers.BooleanField(required=False)
-    misfire_policy = serializers.ChoiceField(choices=MisfirePolicy.choices, required=False)
-    misfire_grace_seconds = serializers.IntegerField(
-        required=False, min_value=0, max_value=MAX_GRACE_S
-    )
-    run_all_max = serializers.IntegerField(required=False, min_value=1)
-    concurrency_policy = serializers.ChoiceField(choices=ConcurrencyPolicy.choices, required=False)
-    max_retries = serializers.IntegerField(required=False, min_value=0, max_value=MAX_RETRIES)
-    retry_backoff_base = serializers.FloatField(
-        required=False, min_value=0, max_value=MAX_BACKOFF_S
-    )
-    retry_backoff_factor = serializers.FloatField(required=False, min_value=1)
-    retry_backoff_max = serializers.FloatField(required=False, min_value=0, max_value=MAX_BACKOFF_S)
-    retry_jitter = serializers.BooleanField(required=False)
-    timeout_seconds = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=MAX_TIMEOUT_S
-    )
-    isolation = serializers.ChoiceField(choices=Isolation.choices, required=False)
-    priority = serializers.IntegerField(required=False)
-    queue = serializers.CharField(required=False)
-    spread_seconds = serializers.IntegerField(required=False, min_value=0, max_value=MAX_SPREAD_S)
-    version = serializers.IntegerField(required=False, help_text="Required on PUT/PATCH.")
+def job_create_body() -> dict[str, Any]:
+    return job_body_schema()
 
 
-class JobBatchSerializer(serializers.Serializer):
-    """The body of a batch create (schema only: the service validates every item)."""
+def job_replace_body() -> dict[str, Any]:
+    return job_body_schema(version=True)
 
-    jobs = JobWriteSerializer(many=True, help_text="Up to 1,000 job definitions.")
+
+def job_patch_body() -> dict[str, Any]:
+    return json_schema(None, version=True)
+
+
+def job_batch_body() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "jobs": {
+                "type": "array",
+                "items": job_body_schema(),
+                "minItems": 1,
+                "maxItems": MAX_BATCH_JOBS,
+                "description": f"1 to {MAX_BATCH_JOBS:,} job definitions.",
+            }
+        },
+        "required": ["jobs"],
+        "additionalProperties": False,
+    }
+
+
+def enqueue_body() -> dict[str, Any]:
+    run = {
+        "type": "object",
+        "properties": {
+            "args": {
+                "type": "array",
+                "items": {},
+                "nullable": True,
+                "description": "Positional arguments of this run; absent: the job's.",
+            },
+            "kwargs": {
+                "type": "object",
+                "additionalProperties": True,
+                "nullable": True,
+                "description": "Keyword arguments of this run; absent: the job's.",
+            },
+            "run_at": {
+                "type": "string",
+                "format": "date-time",
+                "nullable": True,
+                "description": "Not before this instant (with a zone); absent or past: now.",
+            },
+            "priority": {
+                "type": "integer",
+                "minimum": -MAX_PRIORITY,
+                "maximum": MAX_PRIORITY,
+                "nullable": True,
+                "description": "Absent: the job's.",
+            },
+        },
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "runs": {
+                "type": "array",
+                "items": run,
+                "minItems": 1,
+                "maxItems": MAX_ENQUEUE_RUNS,
+                "description": f"1 to {MAX_ENQUEUE_RUNS:,} runs.",
+            }
+        },
+        "required": ["runs"],
+        "additionalProperties": False,
+    }
 
 
 class JobBatchResultSerializer(serializers.Serializer):
     count = serializers.IntegerField()
     jobs = JobSerializer(many=True)
-
-
-class EnqueuedRunSerializer(serializers.Serializer):
-    """One run to enqueue (schema only: the service checks each against the job's task)."""
-
-    args = serializers.ListField(
-        required=False, help_text="Positional arguments of this run; absent: the job's."
-    )
-    kwargs = serializers.DictField(
-        required=False, help_text="Keyword arguments of this run; absent: the job's."
-    )
-    run_at = serializers.DateTimeField(
-        required=False, help_text="Not before this instant (with a zone); absent or past: now."
-    )
-    priority = serializers.IntegerField(
-        required=False, min_value=-1000, max_value=1000, help_text="Absent: the job's."
-    )
-
-
-class EnqueueSerializer(serializers.Serializer):
-    runs = EnqueuedRunSerializer(many=True, help_text="Up to 5,000 runs.")
 
 
 class EnqueueResultSerializer(serializers.Serializer):
@@ -132,7 +132,9 @@ class EnqueueResultSerializer(serializers.Serializer):
 
 class ExecutionSerializer(serializers.ModelSerializer):
     job_name = serializers.CharField(source="job.name", read_only=True)
-    triggered_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    triggered_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     lag_ms = serializers.SerializerMethodField()
 
     class Meta:

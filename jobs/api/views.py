@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import django_filters
-from django import forms
 from django.utils import timezone
-from django_filters.fields import IsoDateTimeField
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
@@ -18,21 +14,24 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import schedules, services
+from jobs.api.filters import AuditEventFilter, ExecutionFilter, JobFilter
 from jobs.api.serializers import (
     AuditEventSerializer,
     EnqueueResultSerializer,
-    EnqueueSerializer,
     ExecutionSerializer,
     JobBatchResultSerializer,
-    JobBatchSerializer,
     JobSerializer,
-    JobWriteSerializer,
     SchedulePreviewSerializer,
+    enqueue_body,
+    job_batch_body,
+    job_create_body,
+    job_patch_body,
+    job_replace_body,
 )
+from jobs.definition import RULES, SCHEDULE_FIELDS, field_schema
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution
 from jobs.roles import OPERATOR
-from jobs.states import ExecutionStatus
-from jobs.validation import ERR_DATETIME_RANGE, in_datetime_range, schedule_preview_args
+from jobs.validation import ERR_UNKNOWN_FIELD, MAX_PREVIEW_COUNT, schedule_preview_args
 
 ERR_BODY_NOT_OBJECT = "Expected a JSON object."
 ERR_BAD_VERSION = "Must be an integer."
@@ -46,9 +45,14 @@ def actor_from(request: Request) -> services.Actor:
     )
 
 
-def _body(request: Request) -> dict[str, Any]:
+def _body(request: Request, *, only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The JSON object sent; with ``only``, any other key is refused (400 naming it)."""
     if not isinstance(request.data, dict):
         raise ValidationError({"non_field_errors": [ERR_BODY_NOT_OBJECT]})
+    if only is not None:
+        unknown = {key: [ERR_UNKNOWN_FIELD] for key in request.data if key not in only}
+        if unknown:
+            raise ValidationError(unknown)
     return dict(request.data)
 
 
@@ -66,27 +70,6 @@ def _pop_version(request: Request, body: dict[str, Any]) -> int | None:
     if isinstance(raw, str) and raw.strip().isdigit() and len(raw.strip()) <= MAX_VERSION_DIGITS:
         return int(raw.strip())
     raise ValidationError({"version": [ERR_BAD_VERSION]})
-
-
-class _BoundedIsoDateTimeField(IsoDateTimeField):
-    """An ISO 8601 filter bound the database can compare with: out of range is a 400 naming
-    the parameter (it was a 500: the conversion to UTC overflowed)."""
-
-    def clean(self, value: Any) -> Any:
-        cleaned = super().clean(value)
-        if cleaned is not None and not in_datetime_range(cleaned):
-            raise forms.ValidationError(ERR_DATETIME_RANGE, code="range")
-        return cleaned
-
-
-class DateTimeBound(django_filters.IsoDateTimeFilter):
-    field_class = _BoundedIsoDateTimeField
-
-
-class JobFilter(django_filters.FilterSet):
-    class Meta:
-        model = Job
-        fields = ["enabled", "task", "schedule_type", "queue", "concurrency_policy"]
 
 
 ERR_BATCH_NOT_LIST = "Expected a list of job objects."
@@ -107,15 +90,14 @@ class JobViewSet(viewsets.ModelViewSet):
         "resume": OPERATOR,
     }
 
-    @extend_schema(request=JobWriteSerializer, responses={201: JobSerializer})
+    @extend_schema(request=job_create_body, responses={201: JobSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         body = _body(request)
-        body.pop("version", None)
         job = services.job_create(data=body, by=actor_from(request))
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
-        request=JobBatchSerializer,
+        request=job_batch_body,
         responses={201: JobBatchResultSerializer},
         description=(
             "Create up to 1,000 jobs in one request, all or none: a bad item refuses the whole "
@@ -124,7 +106,7 @@ class JobViewSet(viewsets.ModelViewSet):
     )
     @action(detail=False, methods=["post"], url_path="batch")
     def batch(self, request: Request) -> Response:
-        body = _body(request)
+        body = _body(request, only=("jobs",))
         items = body.get("jobs")
         if not isinstance(items, list):
             raise ValidationError({"jobs": [ERR_BATCH_NOT_LIST]})
@@ -134,7 +116,7 @@ class JobViewSet(viewsets.ModelViewSet):
             status=status.HTTP_201_CREATED,
         )
 
-    @extend_schema(request=JobWriteSerializer, responses={200: JobSerializer})
+    @extend_schema(request=job_replace_body, responses={200: JobSerializer})
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         body = _body(request)
         job = self.get_object()
@@ -148,7 +130,7 @@ class JobViewSet(viewsets.ModelViewSet):
         )
         return Response(JobSerializer(job).data)
 
-    @extend_schema(request=JobWriteSerializer, responses={200: JobSerializer})
+    @extend_schema(request=job_patch_body, responses={200: JobSerializer})
     def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return self.update(request, *args, partial=True, **kwargs)
 
@@ -172,7 +154,7 @@ class JobViewSet(viewsets.ModelViewSet):
         return Response(ExecutionSerializer(execution).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
-        request=EnqueueSerializer,
+        request=enqueue_body,
         responses={201: EnqueueResultSerializer},
         description=(
             "Enqueue up to 5,000 runs of this job, each with arguments of its own (absent: the "
@@ -183,7 +165,7 @@ class JobViewSet(viewsets.ModelViewSet):
     )
     @action(detail=True, methods=["post"])
     def enqueue(self, request: Request, pk: str | None = None) -> Response:
-        body = _body(request)
+        body = _body(request, only=("runs",))
         runs = services.runs_enqueue(
             job_id=self.get_object().pk, items=body.get("runs"), by=actor_from(request)
         )
@@ -202,22 +184,6 @@ class JobViewSet(viewsets.ModelViewSet):
     def resume(self, request: Request, pk: str | None = None) -> Response:
         job = services.job_resume(job_id=self.get_object().pk, by=actor_from(request))
         return Response(JobSerializer(job).data)
-
-
-class ExecutionFilter(django_filters.FilterSet):
-    status = django_filters.MultipleChoiceFilter(choices=ExecutionStatus.choices)
-    job_name = django_filters.CharFilter(field_name="job__name")
-    scheduled_after = DateTimeBound(field_name="scheduled_for", lookup_expr="gte")
-    scheduled_before = DateTimeBound(field_name="scheduled_for", lookup_expr="lt")
-    created_after = DateTimeBound(field_name="created_at", lookup_expr="gte")
-    created_before = DateTimeBound(field_name="created_at", lookup_expr="lt")
-    finished_after = DateTimeBound(field_name="finished_at", lookup_expr="gte")
-    finished_before = DateTimeBound(field_name="finished_at", lookup_expr="lt")
-    updated_after = DateTimeBound(field_name="updated_at", lookup_expr="gt")
-
-    class Meta:
-        model = JobExecution
-        fields = ["job", "status", "node", "trigger", "queue", "attempt"]
 
 
 class ExecutionViewSet(viewsets.ReadOnlyModelViewSet):
@@ -246,15 +212,6 @@ class ExecutionViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(ExecutionSerializer(execution).data, status=status.HTTP_201_CREATED)
 
 
-class AuditEventFilter(django_filters.FilterSet):
-    since = DateTimeBound(field_name="created_at", lookup_expr="gte")
-    until = DateTimeBound(field_name="created_at", lookup_expr="lt")
-
-    class Meta:
-        model = AuditEvent
-        fields = ["object_type", "object_id", "action", "actor_name", "source"]
-
-
 class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     """The audit trail (read-only)."""
 
@@ -264,18 +221,25 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     search_fields = ["object_repr", "actor_name", "action"]
 
 
+def _definition_parameter(name: str, *, required: bool = False) -> OpenApiParameter:
+    """A query parameter that is a field of the job definition: its schema from the table."""
+    schema = field_schema(RULES[name])
+    description = schema.pop("description")
+    return OpenApiParameter(name, schema, required=required, description=description)
+
+
 class SchedulePreviewView(APIView):
     """The next fire times and a description of a schedule, for the editor's live preview."""
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("schedule_type", str, required=True),
-            OpenApiParameter("cron_expression", str),
-            OpenApiParameter("timezone", str),
-            OpenApiParameter("interval_seconds", int),
-            OpenApiParameter("start_at", OpenApiTypes.DATETIME),
-            OpenApiParameter("run_at", OpenApiTypes.DATETIME),
-            OpenApiParameter("count", int),
+            _definition_parameter("schedule_type", required=True),
+            *(_definition_parameter(name) for name in SCHEDULE_FIELDS),
+            OpenApiParameter(
+                "count",
+                {"type": "integer", "minimum": 1, "maximum": MAX_PREVIEW_COUNT, "default": 5},
+                description="How many fire times.",
+            ),
         ],
         responses={200: SchedulePreviewSerializer},
     )
