@@ -10,7 +10,7 @@ SYSTEM_PACKAGES := pkg-config libmariadb-dev gcc python3-dev redis-server chromi
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup system-deps venv run web test test-mysql lint format check-deploy clean
+.PHONY: setup system-deps venv run web test test-mysql contract lint format check-deploy clean
 
 setup: system-deps venv
 
@@ -44,6 +44,10 @@ test: setup
 # The same suite against MariaDB/MySQL (a database of its own: test_sched_local).
 test-mysql: setup
 	DATABASE_URL=$${DATABASE_URL:-mysql://root@127.0.0.1:3306/sched_local} $(BIN)/pytest
+
+# The API contract: schemathesis against a live server, as an admin and as a viewer.
+contract: setup
+	tests/contract/run.sh
 
 lint: venv
 	$(BIN)/ruff check .

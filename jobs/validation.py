@@ -39,7 +39,7 @@ from jobs.definition import (  # noqa: F401 - re-exported: the names every calle
     FieldRule,
     foreign_empty,
 )
-from jobs.models import MAX_INTERVAL_S, MAX_PRIORITY, ScheduleType
+from jobs.models import MAX_PRIORITY, ScheduleType
 
 # A one-off job may be submitted "due now": allow run_at this far in the past (client/server skew).
 ONCE_PAST_TOLERANCE = timedelta(seconds=60)
@@ -392,22 +392,22 @@ MAX_PREVIEW_COUNT = 50
 
 
 def schedule_preview_args(params: Any, *, default_count: int) -> tuple[dict[str, Any], int]:
-    """Parse a schedule preview request (query parameters) into ``schedules`` keyword arguments."""
+    """Parse a schedule preview request (query parameters) into ``schedules`` keyword arguments.
+    Each schedule parameter sent is checked by its rule (one of another type too, then unused)."""
     errors = _Errors()
-    schedule_type = _choice(errors, "schedule_type", params.get("schedule_type"), ScheduleType)
+    schedule_type = check_field(errors, RULES["schedule_type"], params.get("schedule_type"))
+    sent = {
+        name: check_field(errors, RULES[name], params[name])
+        for name in SCHEDULE_FIELDS
+        if name in params
+    }
     kwargs: dict[str, Any] = {"schedule_type": schedule_type}
-    if schedule_type == ScheduleType.CRON:
-        kwargs["cron_expression"] = params.get("cron_expression", "")
-        kwargs["timezone"] = params.get("timezone") or "UTC"
-    elif schedule_type == ScheduleType.INTERVAL:
-        kwargs["interval_seconds"] = _integer(
-            errors, "interval_seconds", params.get("interval_seconds"), 1, MAX_INTERVAL_S
-        )
-        kwargs["start_at"] = _datetime(errors, "start_at", params.get("start_at") or None)
-    elif schedule_type == ScheduleType.ONCE:
-        kwargs["run_at"] = _datetime(errors, "run_at", params.get("run_at"))
-        if params.get("run_at") is None:
-            errors.add("run_at", ERR_REQUIRED)
+    for name, kind in SCHEDULE_FIELDS.items():
+        if kind != schedule_type:
+            continue
+        if name in REQUIRED_BY_SCHEDULE and name not in params:
+            errors.add(name, ERR_REQUIRED)
+        kwargs[name] = sent.get(name, RULES[name].default)
     count = _integer(errors, "count", params.get("count", default_count), 1, MAX_PREVIEW_COUNT)
     if errors.by_field:
         raise JobValidationError(errors.by_field)

@@ -292,3 +292,27 @@ def test_free_text_query_parameters_say_they_refuse_nul(schema) -> None:
     search = next(p for p in params if p["name"] == "search")
     assert re.fullmatch(search["schema"]["pattern"], "text")
     assert not re.fullmatch(search["schema"]["pattern"].replace("\\u0000", "\x00"), "a\x00b")
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("schedule_type=once&run_at=2100-01-01T00:00:00Z&interval_seconds=", "interval_seconds"),
+        ("schedule_type=once&run_at=2100-01-01T00:00:00Z&timezone=", "timezone"),
+        ("schedule_type=interval", "interval_seconds"),
+        ("schedule_type=cron&cron_expression=0%203%20*%20*%20*&count=0", "count"),
+    ],
+)
+def test_a_preview_checks_each_parameter_by_its_rule(admin_api, query, param) -> None:
+    response = admin_api.get(f"/api/schedule-preview/?{query}")
+    assert response.status_code == 400
+    assert list(response.json()) == [param]
+
+
+def test_a_preview_of_a_good_schedule_answers(admin_api) -> None:
+    response = admin_api.get(
+        "/api/schedule-preview/?schedule_type=cron&cron_expression=0%203%20*%20*%20*"
+        "&timezone=Europe/Berlin&count=2"
+    )
+    assert response.status_code == 200
+    assert len(response.json()["next_fires"]) == 2
