@@ -10,6 +10,15 @@ import threading
 import traceback
 from typing import Any
 
+# How often a running child reports its output so far.
+PROGRESS_INTERVAL_S = 1.0
+
+
+def _stop(done: threading.Event, sending: threading.Lock) -> None:
+    """No progress message after this (the final one follows, alone on the pipe)."""
+    with sending:
+        done.set()
+
 
 def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) -> None:
     import django
@@ -27,12 +36,27 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
         cancel_event=threading.Event(),
     )
     revealed: list[str] = []
+    sending = threading.Lock()
+    done = threading.Event()
+
+    def report_progress() -> None:
+        """Send the output so far about once a second while it grows (the parent saves it)."""
+        sent = 0
+        while not done.wait(PROGRESS_INTERVAL_S):
+            if context.size != sent:
+                sent = context.size
+                with sending:
+                    if not done.is_set():
+                        conn.send({"progress": secrets.scrub(context.output, revealed)})
+
+    threading.Thread(target=report_progress, name="progress", daemon=True).start()
     try:
         spec = registry.get_task(task_name)
         # Secrets are resolved here, in the child: they never cross the pipe, and nothing the
         # child reports carries one.
         args, kwargs, revealed = secrets.resolve_call(args, kwargs)
         value = call_task(spec, args, kwargs, context)
+        _stop(done, sending)
         conn.send(
             {
                 "ok": True,
@@ -41,6 +65,7 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
             }
         )
     except BaseException as exc:  # report everything, including SystemExit, to the parent
+        _stop(done, sending)
         conn.send(
             {
                 "ok": False,

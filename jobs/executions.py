@@ -600,6 +600,17 @@ def _fenced(execution: JobExecution, status: str) -> None:
     )
 
 
+def save_output_so_far(execution: JobExecution, output: str, *, now: datetime) -> bool:
+    """Save a running run's output so far (its final output is written with its outcome). Only
+    while the claim that runs it still holds the row: False once the run has ended or been taken
+    over, and nothing is written."""
+    return bool(
+        JobExecution.objects.filter(
+            pk=execution.pk, status=S.RUNNING, claim_token=execution.claim_token
+        ).update(output=output, updated_at=now)
+    )
+
+
 def finish(execution: JobExecution, *, status: str, now: datetime, **outcome: Any) -> bool:
     """running -> status, conditional on the claim token, plus the next attempt when the outcome
     allows one. Call inside a transaction. False when the writer no longer owns the run (fenced).

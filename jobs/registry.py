@@ -275,6 +275,8 @@ def autodiscover() -> None:
 
     with _discover_lock:
         autodiscover_modules("tasks")
+        if getattr(settings, "SCHEDULER_DEMO_TASKS", False):
+            import_module("jobs.demo_tasks")
         for module in getattr(settings, "SCHEDULER_TASK_MODULES", []):
             import_module(module)
 
@@ -325,6 +327,11 @@ class TaskContext:
     @property
     def truncated(self) -> bool:
         return self._truncated
+
+    @property
+    def size(self) -> int:
+        """How many characters ``output`` holds (cheap: nothing is joined)."""
+        return self._size + (len(TRUNCATION_MARKER) if self._truncated else 0)
 
     @property
     def cancelled(self) -> bool:

@@ -658,6 +658,16 @@ def execution_list(request: HttpRequest) -> HttpResponse:
 
 
 @role_required(VIEWER)
+def execution_output(request: HttpRequest, pk: int) -> HttpResponse:
+    """A run's whole output as a text file (what it has written so far while it runs)."""
+    output = get_object_or_404(JobExecution.objects.only("output"), pk=pk).output
+    response = HttpResponse(output, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="execution-{pk}-output.txt"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@role_required(VIEWER)
 def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
     execution = get_object_or_404(JobExecution.objects.select_related("job", "triggered_by"), pk=pk)
     chain = list(
@@ -689,6 +699,7 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
                 "scheduled_for": execution.scheduled_for.isoformat(),
                 "attempt": execution.attempt,
                 "status": execution.status,
+                "started_at": execution.started_at.isoformat() if execution.started_at else None,
                 "cancel_requested": execution.cancel_requested,
                 "latest_attempt": latest_attempt,
                 "terminal": sorted(TERMINAL_STATES),

@@ -28,6 +28,7 @@ urlpatterns = [
     path("jobs/<int:pk>/resume/", views.job_resume, name="job-resume"),
     path("executions/", views.execution_list, name="execution-list"),
     path("executions/<int:pk>/", views.execution_detail, name="execution-detail"),
+    path("executions/<int:pk>/output.txt", views.execution_output, name="execution-output"),
     path("executions/<int:pk>/cancel/", views.execution_cancel, name="execution-cancel"),
     path("executions/<int:pk>/retry/", views.execution_retry, name="execution-retry"),
     path("nodes/", cluster_views.node_list, name="node-list"),

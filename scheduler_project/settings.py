@@ -214,6 +214,9 @@ else:
 # --- Tasks: where they come from, what built-in tasks may reach ------------------------------------
 # Extra modules to import for @task registrations, besides every installed app's tasks.py.
 SCHEDULER_TASK_MODULES = env_list("SCHEDULER_TASK_MODULES")
+# The demo tasks (jobs/demo_tasks.py: demo_ticker, demo_fail, demo_report): on in the embedded
+# default, off under the production settings unless asked for.
+SCHEDULER_DEMO_TASKS = env_bool("SCHEDULER_DEMO_TASKS", True)
 # Hosts the http_request task may call (exact host names; empty = none). Nothing else is reachable.
 SCHEDULER_HTTP_ALLOWED_HOSTS = env_list("SCHEDULER_HTTP_ALLOWED_HOSTS")
 # Where a node looks for a secret a task's arguments reference ({"$secret": "NAME"}) when the

@@ -32,6 +32,7 @@ SECRET_KEY = _secret
 if env_bool("DJANGO_DEBUG", False):
     raise ImproperlyConfigured("Production mode refuses DJANGO_DEBUG=1")
 DEBUG = False
+SCHEDULER_DEMO_TASKS = env_bool("SCHEDULER_DEMO_TASKS", False)
 if not os.environ.get("DJANGO_ALLOWED_HOSTS"):
     raise ImproperlyConfigured("Production mode needs DJANGO_ALLOWED_HOSTS (comma-separated)")
 

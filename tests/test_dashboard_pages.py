@@ -735,3 +735,31 @@ def test_editing_a_one_off_that_already_fired_keeps_its_run_at(login, data):
     assert response.status_code == 302, response.content.decode()
     job.refresh_from_db()
     assert job.priority == 4 and job.run_at == fired_at and job.next_fire_at is None
+
+
+# --- a run's output as a file --------------------------------------------------------------------
+
+
+def test_a_runs_output_downloads_as_a_text_file(data, login) -> None:
+    response = login("viewer").get(f"/executions/{data.running.pk}/output.txt")
+    assert response.status_code == 200
+    assert response.content == b"step 1 done\n"
+    assert response["Content-Type"] == "text/plain; charset=utf-8"
+    assert response["Content-Disposition"] == (
+        f'attachment; filename="execution-{data.running.pk}-output.txt"'
+    )
+
+
+def test_the_output_download_needs_a_role_and_a_run(data, login) -> None:
+    signed_out = Client().get(f"/executions/{data.running.pk}/output.txt")
+    assert signed_out.status_code == 302 and "/login/" in signed_out["Location"]
+    assert login(None, "nobody").get(f"/executions/{data.running.pk}/output.txt").status_code == 403
+    assert login("viewer").get("/executions/999999/output.txt").status_code == 404
+
+
+def test_a_running_run_shows_how_long_it_has_run_and_links_its_output(data, login) -> None:
+    page = login("viewer").get(f"/executions/{data.running.pk}/").content.decode()
+    assert re.search(r'data-field="elapsed-row"(?! hidden)', page)
+    assert f'href="/executions/{data.running.pk}/output.txt" download' in page
+    done = login("viewer", "v2").get(f"/executions/{data.failed.pk}/").content.decode()
+    assert 'data-field="elapsed-row" hidden' in done

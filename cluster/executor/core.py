@@ -138,7 +138,7 @@ class Executor:
         self._seq = 0
         self._active: dict[int, ActiveRun] = {}
         self._claimed: set[int] = set()
-        self.finisher = Finisher(self.clock, self._written)
+        self.finisher = Finisher(self.clock, self._written, running=self._running_runs)
         # One thread keeps every job lock of this node alive (not one per lock).
         self.keeper = LockKeeper(backend)
         self._unwritten = 0
@@ -209,6 +209,10 @@ class Executor:
     def running_ids(self) -> list[int]:
         with self._lock:
             return list(self._active)
+
+    def _running_runs(self) -> list[ActiveRun]:
+        with self._lock:
+            return list(self._active.values())
 
     # --- claiming ---------------------------------------------------------------------------------
     def claim_once(self) -> int:

@@ -21,8 +21,8 @@ from django.db import (
 
 from cluster import node_metrics, tracing
 from cluster.clock import Clock
-from cluster.executor.runs import Outcome
-from jobs import executions
+from cluster.executor.runs import ActiveRun, Outcome
+from jobs import executions, secrets
 from jobs.states import ExecutionStatus
 
 logger = logging.getLogger(__name__)
@@ -39,13 +39,30 @@ FINISH_RETRY_S = 60.0
 FINISH_GATHER_S = 0.02
 
 
-class Finisher:
-    """Writes queued outcomes; calls ``on_written(batch)`` after each batch, written or given up."""
+# A running run's output is saved as it grows, so viewers see it stream: the first line at once,
+# then at most about once per OUTPUT_STREAM_S, sooner when OUTPUT_STREAM_CHARS more were written
+# (the output itself is capped by the task context's limit). Looked at every OUTPUT_POLL_S.
+OUTPUT_STREAM_S = 1.0
+OUTPUT_STREAM_CHARS = 8 * 1024
+OUTPUT_POLL_S = 0.2
 
-    def __init__(self, clock: Clock, on_written: Callable[[list[Outcome]], None]) -> None:
+
+class Finisher:
+    """Writes queued outcomes; calls ``on_written(batch)`` after each batch, written or given up.
+    Between batches it saves the output so far of the runs ``running()`` returns (the same thread
+    and connection: streaming output costs the node no connection of its own)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        on_written: Callable[[list[Outcome]], None],
+        running: Callable[[], list[ActiveRun]] = list,
+    ) -> None:
         self.clock = clock
         self.on_written = on_written
+        self.running = running
         self._queue: queue.Queue[Outcome] = queue.Queue()
+        self._streamed_at = 0.0
 
     def put(self, outcome: Outcome) -> None:
         self._queue.put(outcome)
@@ -53,8 +70,11 @@ class Finisher:
     def run(self, stop: threading.Event) -> None:
         """Write batches until stopped and nothing is left."""
         while not (stop.is_set() and self._queue.empty()):
+            if self.clock.monotonic() - self._streamed_at >= OUTPUT_POLL_S:
+                self._streamed_at = self.clock.monotonic()
+                self.stream_outputs()
             try:
-                first = self._queue.get(timeout=0.1)
+                first = self._queue.get(timeout=OUTPUT_POLL_S / 2)
             except queue.Empty:
                 continue
             batch = [first, *self._take(FINISH_BATCH - 1)]
@@ -69,6 +89,40 @@ class Finisher:
                     break
                 batch += self._take(FINISH_BATCH - len(batch))
             self.write(batch)
+
+    def stream_outputs(self, *, force: bool = False) -> int:
+        """Save the output so far of running runs that wrote more since it was last saved (at
+        once the first time; then per OUTPUT_STREAM_S or OUTPUT_STREAM_CHARS; ``force``: now).
+        Returns how many were saved. A database error is logged and tried again next time."""
+        now = self.clock.monotonic()
+        due: list[tuple[ActiveRun, int]] = []
+        for run in self.running():
+            size = run.output_size()
+            if run.completed or size <= run.output_saved:
+                continue
+            if (
+                force
+                or run.output_saved == 0
+                or now - run.output_saved_at >= OUTPUT_STREAM_S
+                or size - run.output_saved >= OUTPUT_STREAM_CHARS
+            ):
+                due.append((run, size))
+        if not due:
+            return 0
+        try:
+            stamp = self._now()
+            with transaction.atomic():
+                for run, size in due:
+                    text = run.output_so_far()
+                    if run.revealed:
+                        text = secrets.scrub(text, run.revealed)
+                    executions.save_output_so_far(run.execution, text, now=stamp)
+                    run.output_saved, run.output_saved_at = size, now
+        except (OperationalError, InterfaceError) as exc:
+            connection.close()
+            logger.warning("saving the output of %d running runs failed (%s)", len(due), exc)
+            return 0
+        return len(due)
 
     def flush(self) -> int:
         """Write everything queued now, in this thread (a stepped executor). Returns the count."""

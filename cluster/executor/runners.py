@@ -187,6 +187,7 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
         try:
             spec = registry.get_task(job.task)
             args, kwargs, revealed = secrets.resolve_call(*run.execution.call_arguments())
+            run.revealed = revealed
             value = call_task(spec, args, kwargs, context)
         finally:
             stdout.detach()  # the last, unterminated line belongs to the outcome's output
@@ -254,8 +255,12 @@ def body_in_process(host: RunHost, run: ActiveRun) -> None:
     process.start()
     child_conn.close()
     run.process = process
+    run.streamed = ""
     try:
         message = parent_conn.recv()
+        while "progress" in message:  # the output so far, while the task goes on
+            run.streamed = message["progress"]
+            message = parent_conn.recv()
     except (EOFError, OSError):
         process.join(CHILD_JOIN_S)
         outcome = Outcome(

@@ -60,6 +60,23 @@ class ActiveRun:
     # An outcome was queued: later ones (a late body, a timeout) are dropped.
     completed: bool = False
     epoch: int = 0
+    # Secret values the body was given: scrubbed from what is saved while it runs.
+    revealed: list[str] = field(default_factory=list)
+    # A process body's output so far, as its child last reported it (None: a thread body).
+    streamed: str | None = None
+    # The output saved while the run goes on: its length and when (monotonic).
+    output_saved: int = 0
+    output_saved_at: float = 0.0
+
+    def output_size(self) -> int:
+        if self.streamed is not None:
+            return len(self.streamed)
+        return self.context.size if self.context is not None else 0
+
+    def output_so_far(self) -> str:
+        if self.streamed is not None:
+            return self.streamed
+        return self.context.output if self.context is not None else ""
 
 
 @dataclass

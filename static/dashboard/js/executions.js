@@ -118,8 +118,25 @@
       section.hidden = !text;
     }
 
+    // "Running for": ticks every second while the run runs (from its started_at).
+    var startedAt = data.started_at ? Date.parse(data.started_at) : null;
+    function tickElapsed() {
+      var row = fieldEl("elapsed-row");
+      var running = status === "running" && startedAt !== null;
+      row.hidden = !running;
+      if (!running) return;
+      var cell = fieldEl("elapsed");
+      var seconds = Math.max(0, Math.floor((Date.now() - startedAt) / 1000));
+      var text = seconds < 60 ? seconds + " s" : Sched.formatDuration(seconds * 1000);
+      if (cell.textContent !== text) cell.textContent = text;
+    }
+    tickElapsed();
+    setInterval(tickElapsed, 1000);
+
     function applyRow(e) {
+      if (e.started_at) startedAt = Date.parse(e.started_at);
       setStatus(e.status, e.cancel_requested);
+      tickElapsed();
       setTimeField("run_after", e.run_after);
       if ("claimed_at" in e) setTimeField("claimed_at", e.claimed_at);
       setTimeField("started_at", e.started_at);
