@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -330,6 +331,10 @@ STORAGES = {
 # Serve straight from the finders when collectstatic has not run (embedded mode, tests).
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
+if not STATIC_ROOT.is_dir():
+    # The finders serve every file then: WhiteNoise's "No directory at: staticfiles/" at each
+    # start says nothing an operator must act on (production settings serve collected files only).
+    warnings.filterwarnings("ignore", message="No directory at: ", category=UserWarning)
 
 # --- Logging --------------------------------------------------------------------------------------
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO").upper()

@@ -311,3 +311,27 @@ def test_a_cache_error_while_redis_is_down_is_one_warning_line(settings, caplog)
     assert record.levelname == "WARNING" and record.exc_info is None
     assert record.getMessage().startswith("cache unavailable, going on without it: ")
     assert "Connection" in record.getMessage()
+
+
+def test_no_staticfiles_warning_at_start_before_collectstatic(tmp_path) -> None:
+    """Embedded mode serves the static files from the finders: starting the web app without a
+    collected staticfiles/ directory says nothing about it (it warned at every start)."""
+    script = (
+        "import django; django.setup(); "
+        "from django.core.wsgi import get_wsgi_application; get_wsgi_application()"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "scheduler_project.settings",
+        "DJANGO_STATIC_ROOT": str(tmp_path / "not-collected"),
+        "SCHEDULER_VAR_DIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "No directory at" not in done.stderr
