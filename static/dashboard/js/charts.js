@@ -51,8 +51,14 @@
     return { root: root, width: width, height: height, plotW: width - PAD.left - PAD.right, plotH: height - PAD.top - PAD.bottom };
   }
 
+  /** Ticks for a y axis from 0 to max: 5 (with maxima of 1, 2, 2.5, 5 x 10^k every step is a
+   *  round number), fewer for a count below 5 so that no two ticks read the same whole number. */
+  function tickCount(max, wholeNumbers) {
+    return wholeNumbers && max < 5 ? Math.max(1, Math.ceil(max)) : 5;
+  }
+
   function yAxis(f, max, format) {
-    var ticks = 5; // with maxima of 1, 2, 2.5, 5 x 10^k every step is a round number
+    var ticks = tickCount(max, format === integer);
     for (var i = 0; i <= ticks; i++) {
       var value = (max * i) / ticks;
       var y = PAD.top + f.plotH - (f.plotH * i) / ticks;
@@ -102,7 +108,8 @@
     var totals = slots.map(function (_, i) {
       return options.series.reduce(function (sum, s) { return sum + (options.value(i, s.key) || 0); }, 0);
     });
-    var max = niceMax(Math.max.apply(null, totals.concat([1])));
+    // Counts: a whole number at the top (2.5 x 10^k is none below 10).
+    var max = Math.ceil(niceMax(Math.max.apply(null, totals.concat([1]))));
     yAxis(f, max, integer);
     var step = f.plotW / slots.length;
     var barW = Math.max(1, step * 0.72);
