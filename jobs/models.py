@@ -225,7 +225,11 @@ class JobExecution(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job_id}@{self.scheduled_for.isoformat()}#{self.attempt}"
+        """What a person reads (the audit log, the admin): "nightly-report run #12", with the
+        attempt when it is a retry. The job's name only if it is loaded (no query for a label)."""
+        job = self.job.name if JobExecution.job.is_cached(self) else f"job {self.job_id}"
+        retry = f" (attempt {self.attempt})" if self.attempt and self.attempt > 1 else ""
+        return f"{job} run #{self.pk}{retry}"
 
     def call_arguments(self) -> tuple[list, dict]:
         """The arguments this run's task is called with: its own, else its job's (copies)."""

@@ -9,6 +9,7 @@ Views stay thin: parse the request, call one service or selector, render. Every 
 from __future__ import annotations
 
 import json
+import re
 import zoneinfo
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -657,6 +658,10 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     )
 
 
+# How an execution was labelled in the audit log before: "<job id>@<scheduled_for>#<attempt>".
+OLD_EXECUTION_LABEL = re.compile(r"^\d+@\S+#\d+$")
+
+
 @role_required(VIEWER)
 def execution_output(request: HttpRequest, pk: int) -> HttpResponse:
     """A run's whole output as a text file (what it has written so far while it runs)."""
@@ -801,6 +806,9 @@ def audit_list(request: HttpRequest) -> HttpResponse:
                 event.link = f"/jobs/{event.object_id}/"
         elif event.object_type == "execution" and event.object_id.isdigit():
             event.link = f"/executions/{event.object_id}/"
+            if OLD_EXECUTION_LABEL.match(event.object_repr):
+                # Recorded before runs had readable labels ("1@2026-...#1").
+                event.object_repr = f"run #{event.object_id}"
         elif event.object_type == "node" and event.object_id in node_map:
             event.link = f"/nodes/{node_map[event.object_id]}/"
     distinct = AuditEvent.objects.order_by()

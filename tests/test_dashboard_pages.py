@@ -763,3 +763,21 @@ def test_a_running_run_shows_how_long_it_has_run_and_links_its_output(data, logi
     assert f'href="/executions/{data.running.pk}/output.txt" download' in page
     done = login("viewer", "v2").get(f"/executions/{data.failed.pk}/").content.decode()
     assert 'data-field="elapsed-row" hidden' in done
+
+
+def test_the_audit_log_names_runs_readably(data, login) -> None:
+    services.execution_cancel(execution_id=data.pending.pk, by=SYSTEM)
+    event = AuditEvent.objects.get(action="execution.cancel")
+    assert event.object_repr == f"nightly-report run #{data.pending.pk}"
+    # A row recorded before labels were readable is shown readably too.
+    AuditEvent.objects.create(
+        action="execution.retry",
+        object_type="execution",
+        object_id=str(data.failed.pk),
+        object_repr=f"{data.job.pk}@2026-11-30T22:11:14.487680+00:00#1",
+        changes={},
+    )
+    page = login("viewer").get("/audit/").content.decode()
+    assert f"nightly-report run #{data.pending.pk}" in page
+    assert f">run #{data.failed.pk}<" in page
+    assert "@2026-11-30T22:11:14" not in page
