@@ -781,3 +781,17 @@ def test_the_audit_log_names_runs_readably(data, login) -> None:
     assert f"nightly-report run #{data.pending.pk}" in page
     assert f">run #{data.failed.pk}<" in page
     assert "@2026-11-30T22:11:14" not in page
+
+
+def test_a_manual_run_says_why_it_has_no_term_and_the_job_shows_its_last_run(data, login) -> None:
+    manual = services.job_trigger(job_id=data.job.pk, by=SYSTEM)
+    browser = login("viewer")
+    page = browser.get(f"/executions/{manual.pk}/").content.decode()
+    assert "none: not fired by a leader" in page
+    scheduled = browser.get(f"/executions/{data.pending.pk}/").content.decode()
+    assert "none: not fired by a leader" not in scheduled
+    job_page = browser.get(f"/jobs/{data.job.pk}/").content.decode()
+    assert re.search(
+        rf'data-field="last_run"><a href="/executions/{manual.pk}/">#{manual.pk}</a>', job_page
+    )
+    assert "Last scheduled fire" in job_page

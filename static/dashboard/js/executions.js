@@ -73,7 +73,9 @@
     function setText(name, value) {
       var cell = fieldEl(name);
       if (!cell) return;
-      var text = value === null || value === undefined || value === "" ? "—" : String(value);
+      var empty = value === null || value === undefined || value === "";
+      if (empty && cell.dataset.empty && cell.dataset.empty !== "—") return; // says why it is empty
+      var text = empty ? "—" : String(value);
       var target = cell.querySelector("code") || cell;
       if (target.textContent !== text) target.textContent = text;
     }
