@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from jobs import schedules
 from jobs.models import Job, JobExecution, ScheduleType
@@ -70,8 +70,19 @@ def execution_list(
     node: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    search: str = "",
 ) -> QuerySet[JobExecution]:
     executions = JobExecution.objects.select_related("job")
+    if search:
+        # A run's number, or words of its job's name, its node, its reason or its error.
+        text = (
+            Q(job__name__icontains=search)
+            | Q(node__icontains=search)
+            | Q(reason__icontains=search)
+            | Q(error__icontains=search)
+        )
+        number = search.removeprefix("#")
+        executions = executions.filter(text | Q(pk=int(number)) if number.isdigit() else text)
     if job_id is not None:
         executions = executions.filter(job_id=job_id)
     if statuses:

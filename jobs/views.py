@@ -613,12 +613,14 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     zone = params.get("tz", "")
     since = _parse_filter_datetime(params.get("since", ""), zone)
     until = _parse_filter_datetime(params.get("until", ""), zone)
+    search = params.get("q", "").strip()[:MAX_SEARCH_CHARS]
     executions = selectors.execution_list(
         job_id=job_id,
         statuses=[status] if status in S.values else None,
         node=node or None,
         since=since,
         until=until,
+        search=search,
     ).order_by("-id")
     page = _paginate(request, executions)
     node_map = node_pks()
@@ -642,6 +644,7 @@ def execution_list(request: HttpRequest) -> HttpResponse:
                 "since": params.get("since", ""),
                 "until": params.get("until", ""),
                 "tz": zone,
+                "q": search,
             },
             live_filter={
                 "job": job_id,
@@ -649,15 +652,18 @@ def execution_list(request: HttpRequest) -> HttpResponse:
                 "node": node or None,
                 "since": since.isoformat() if since else None,
                 "until": until.isoformat() if until else None,
-                # New runs are added at the top of the first page only.
-                "prepend": page.number == 1,
+                # New runs are added at the top of the first page only, and not to a text search
+                # (the feed cannot tell which match it).
+                "prepend": page.number == 1 and not search,
             },
-            filtered=bool(job_id or status or node or since or until),
+            filtered=bool(job_id or status or node or since or until or search),
             nav="executions",
         ),
     )
 
 
+# A text search longer than this is cut (it is a filter, not a document).
+MAX_SEARCH_CHARS = 200
 # How an execution was labelled in the audit log before: "<job id>@<scheduled_for>#<attempt>".
 OLD_EXECUTION_LABEL = re.compile(r"^\d+@\S+#\d+$")
 

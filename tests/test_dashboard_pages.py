@@ -795,3 +795,27 @@ def test_a_manual_run_says_why_it_has_no_term_and_the_job_shows_its_last_run(dat
         rf'data-field="last_run"><a href="/executions/{manual.pk}/">#{manual.pk}</a>', job_page
     )
     assert "Last scheduled fire" in job_page
+
+
+@pytest.mark.parametrize(
+    ("query", "expect_key"),
+    [("nightly", None), ("#{running}", "running"), ("zzz-nothing", "")],
+)
+def test_the_executions_list_searches_text(data, login, query, expect_key) -> None:
+    query = query.format(running=data.running.pk)
+    page = login("viewer").get("/executions/", {"q": query}).content.decode()
+    shown = set(map(int, re.findall(r'<tr[^>]*data-execution-id="(\d+)"', page)))
+    if expect_key is None:
+        assert {data.running.pk, data.pending.pk, data.failed.pk} <= shown
+    elif expect_key == "":
+        assert shown == set()
+    else:
+        assert shown == {getattr(data, expect_key).pk}
+    assert 'data-prepend="false"' in page
+
+
+def test_the_executions_search_reads_nodes_too(data, login) -> None:
+    page = login("viewer").get("/executions/", {"q": "node-a"}).content.decode()
+    shown = set(map(int, re.findall(r'<tr[^>]*data-execution-id="(\d+)"', page)))
+    assert data.running.pk in shown
+    assert shown == set(JobExecution.objects.filter(node="node-a").values_list("pk", flat=True))

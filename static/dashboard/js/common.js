@@ -473,12 +473,55 @@
     for (var i = 0; i < inputs.length; i++) inputs[i].value = Sched.viewerZone;
   }
 
+  /** Filter forms marked data-instant apply themselves: a choice at once, typed text after a
+   *  pause (the cursor goes back into the box once the page has reloaded). Apply stays, for a
+   *  browser without script. */
+  var REFOCUS_KEY = "sched-refocus-search";
+  var SEARCH_PAUSE_MS = 500;
+
+  function setupInstantFilters() {
+    var forms = document.querySelectorAll("form[data-instant]");
+    for (var i = 0; i < forms.length; i++) instantFilter(forms[i]);
+  }
+
+  function instantFilter(form) {
+    var action = form.getAttribute("action") || location.pathname;
+    var timer = null;
+    function apply(fromTyping) {
+      try {
+        if (fromTyping) sessionStorage.setItem(REFOCUS_KEY, action);
+      } catch (e) { /* storage off: the cursor just stays where the page puts it */ }
+      if (form.requestSubmit) form.requestSubmit();
+      else form.submit();
+    }
+    form.addEventListener("change", function (event) {
+      if (event.target.type !== "search") apply(false);
+    });
+    form.addEventListener("input", function (event) {
+      if (event.target.type !== "search") return;
+      clearTimeout(timer);
+      timer = setTimeout(function () { apply(true); }, SEARCH_PAUSE_MS);
+    });
+    form.addEventListener("submit", function () { clearTimeout(timer); });
+    try {
+      if (sessionStorage.getItem(REFOCUS_KEY) === action) {
+        sessionStorage.removeItem(REFOCUS_KEY);
+        var box = form.querySelector('input[type="search"]');
+        if (box) {
+          box.focus();
+          box.setSelectionRange(box.value.length, box.value.length);
+        }
+      }
+    } catch (e) { /* as above */ }
+  }
+
   function start() {
     Sched.localizeTimes(document);
     renderDurations(document);
     renderMeters(document);
     setupConfirmations();
     setupTimezoneInputs();
+    setupInstantFilters();
     setInterval(Sched.tickTimes, 1000);
   }
 
