@@ -34,7 +34,12 @@ def _check_ticker(args: list, kwargs: dict) -> None:
             )
 
 
-@task("demo_ticker", takes_context=True, validate=_check_ticker)
+@task(
+    "demo_ticker",
+    takes_context=True,
+    validate=_check_ticker,
+    example={"kwargs": {"seconds": 12, "interval": 1}},
+)
 def demo_ticker(seconds: float = 12, interval: float = 1.0, *, context: TaskContext) -> dict:
     """Write a numbered line every interval seconds for a while (streams into the run's output)."""
     started = time.monotonic()
@@ -48,7 +53,7 @@ def demo_ticker(seconds: float = 12, interval: float = 1.0, *, context: TaskCont
     return {"lines": lines}
 
 
-@task("demo_fail", takes_context=True)
+@task("demo_fail", takes_context=True, example={"kwargs": {"message": "no luck this time"}})
 def demo_fail(message: str = "this run fails on purpose", *, context: TaskContext) -> None:
     """Write a line, then fail with the given message (shows retries and the error)."""
     context.log(f"attempt {context.attempt}: about to fail")

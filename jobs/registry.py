@@ -32,12 +32,94 @@ Validator = Callable[[list, dict], None]
 
 
 @dataclass(frozen=True)
+class Parameter:
+    """One argument a task takes, as the job form, the API and ``jobs tasks`` show it."""
+
+    name: str
+    type: str  # a JSON type: string, number, integer, boolean, array, object; "any" if unknown
+    required: bool
+    default: Any = None  # when not required (a JSON value)
+    keyword_only: bool = False  # must be given in kwargs
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "type": self.type, "required": self.required}
+        if not self.required:
+            out["default"] = self.default
+        if self.keyword_only:
+            out["keyword_only"] = True
+        return out
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     func: Callable[..., Any]
     description: str  # first line of the docstring
     takes_context: bool  # if True the executor passes context=TaskContext(...) as a keyword
     validate: Validator | None  # raises TaskArgumentError for bad args at job-creation time
+    # An example call: {"args": [...], "kwargs": {...}} (the job form offers it).
+    example: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def parameters(self) -> list[Parameter]:
+        """The function's arguments (its signature; ``context`` is the executor's)."""
+        return task_parameters(self.func)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": [p.as_dict() for p in self.parameters],
+            "example": self.example or {"args": [], "kwargs": {}},
+        }
+
+
+# What a Python annotation (a string, under postponed evaluation) says about the JSON type.
+_JSON_TYPES = (
+    ("bool", "boolean"),
+    ("int", "integer"),
+    ("float", "number"),
+    ("str", "string"),
+    ("list", "array"),
+    ("dict", "object"),
+)
+
+
+def _json_type(annotation: Any) -> str:
+    if annotation is inspect.Parameter.empty:
+        return "any"
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    head = text.split("|")[0].split("[")[0].strip()
+    for python, json_type in _JSON_TYPES:
+        if head == python:
+            return json_type
+    return "any"
+
+
+def _jsonable_default(value: Any) -> Any:
+    return value if _is_plain_json(value) else repr(value)
+
+
+def task_parameters(func: Callable[..., Any]) -> list[Parameter]:
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return []
+    out: list[Parameter] = []
+    for param in signature.parameters.values():
+        if param.name == "context" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        required = param.default is inspect.Parameter.empty
+        out.append(
+            Parameter(
+                name=param.name,
+                type=_json_type(param.annotation),
+                required=required,
+                default=None if required else _jsonable_default(param.default),
+                keyword_only=param.kind is param.KEYWORD_ONLY,
+            )
+        )
+    return out
 
 
 class TaskError(Exception):
@@ -111,6 +193,7 @@ def _register(
     name: str | None,
     takes_context: bool,
     validate: Validator | None,
+    example: dict[str, Any] | None = None,
 ) -> Callable[..., Any]:
     if not callable(func):
         raise TypeError(f"@task needs a callable, got {func!r}")
@@ -130,6 +213,7 @@ def _register(
         description=_description(func),
         takes_context=bool(takes_context),
         validate=validate,
+        example=dict(example or {}),
     )
     with _lock:
         existing = _registry.get(task_name)
@@ -151,18 +235,20 @@ def task(
     *,
     takes_context: bool = False,
     validate: Validator | None = None,
+    example: dict[str, Any] | None = None,
 ) -> Any:
-    """Register a function as a task; returns the function unchanged.
+    """Register a function as a task; returns the function unchanged. ``example``: a call to
+    offer in the job form, ``{"args": [...], "kwargs": {...}}``.
 
     ``@task("noop")``, ``@task()`` and bare ``@task`` all work; the default name is
     ``f"{module}.{qualname}"``. Registering a different function under a taken name raises
     :class:`DuplicateTask`; registering the same function again is a no-op.
     """
     if callable(name):  # bare @task
-        return _register(name, None, takes_context, validate)
+        return _register(name, None, takes_context, validate, example)
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
-        return _register(func, name, takes_context, validate)
+        return _register(func, name, takes_context, validate, example)
 
     return decorator
 
@@ -184,6 +270,13 @@ def is_registered(name: str) -> bool:
 def task_names() -> list[str]:
     with _lock:
         return sorted(_registry)
+
+
+def task_catalog() -> list[dict[str, Any]]:
+    """Every registered task with its description, arguments and example, by name."""
+    with _lock:
+        specs = sorted(_registry.values(), key=lambda spec: spec.name)
+    return [spec.as_dict() for spec in specs]
 
 
 def _is_plain_json(value: Any) -> bool:

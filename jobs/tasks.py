@@ -117,7 +117,12 @@ def _check_sleep(seconds: Any) -> None:
         raise _Refused("seconds", f"seconds must be between 0 and {MAX_SLEEP_S}, got {seconds!r}")
 
 
-@task("sleep", takes_context=True, validate=_validator("sleep", _check_sleep))
+@task(
+    "sleep",
+    takes_context=True,
+    validate=_validator("sleep", _check_sleep),
+    example={"kwargs": {"seconds": 5}},
+)
 def sleep(seconds: float, *, context: TaskContext) -> dict[str, Any]:
     """Sleep for a number of seconds, stopping early when the run is cancelled."""
     _at_run_time(_check_sleep, seconds=seconds)
@@ -150,7 +155,12 @@ def _check_log(message: Any, level: Any) -> None:
         raise _Refused("level", f"level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
 
 
-@task("log", takes_context=True, validate=_validator("log", _check_log))
+@task(
+    "log",
+    takes_context=True,
+    validate=_validator("log", _check_log),
+    example={"kwargs": {"message": "hello from the scheduler", "level": "info"}},
+)
 def log(message: str, level: str = "info", *, context: TaskContext) -> None:
     """Write a message to the "jobs.tasks.log" logger and to the run's output."""
     _at_run_time(_check_log, message=message, level=level)
@@ -295,7 +305,12 @@ def _redacted(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-@task("http_request", takes_context=True, validate=_validator("http_request", _check_http))
+@task(
+    "http_request",
+    takes_context=True,
+    validate=_validator("http_request", _check_http),
+    example={"kwargs": {"url": "https://example.com/health", "expect_status": [200]}},
+)
 def http_request(
     url: str,
     method: str = "GET",
@@ -412,6 +427,7 @@ class _LineLog(io.TextIOBase):
     "management_command",
     takes_context=True,
     validate=_validator("management_command", _check_command),
+    example={"kwargs": {"command": "check"}},
 )
 def management_command(
     command: str, args: list[str] | None = None, *, context: TaskContext

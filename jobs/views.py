@@ -465,7 +465,13 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _form_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
-    return page_context(request, timezone_names=timezone_names(), nav="jobs", **extra)
+    return page_context(
+        request,
+        timezone_names=timezone_names(),
+        task_catalog=registry.task_catalog(),
+        nav="jobs",
+        **extra,
+    )
 
 
 @role_required(ADMIN)

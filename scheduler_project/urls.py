@@ -13,7 +13,13 @@ from drf_spectacular.views import (
 from rest_framework.routers import DefaultRouter
 
 from cluster.api import ClusterStateView, NodeViewSet, TermViewSet
-from jobs.api.views import AuditEventViewSet, ExecutionViewSet, JobViewSet, SchedulePreviewView
+from jobs.api.views import (
+    AuditEventViewSet,
+    ExecutionViewSet,
+    JobViewSet,
+    SchedulePreviewView,
+    TaskCatalogView,
+)
 from scheduler_project import health
 
 
@@ -61,6 +67,7 @@ urlpatterns = [
     path("health/ready", health.ready, name="health-ready"),
     path("api/cluster/", ClusterStateView.as_view(), name="cluster-state"),
     path("api/schedule-preview/", SchedulePreviewView.as_view(), name="schedule-preview"),
+    path("api/tasks/", TaskCatalogView.as_view(), name="task-catalog"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SwaggerDocs.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", RedocDocs.as_view(url_name="api-schema"), name="api-redoc"),

@@ -203,3 +203,27 @@ class SchedulePreviewSerializer(serializers.Serializer):
 
     def to_representation(self, instance: Any) -> Any:
         return instance
+
+
+class TaskParameterSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    type = serializers.ChoiceField(
+        choices=["string", "number", "integer", "boolean", "array", "object", "any"]
+    )
+    required = serializers.BooleanField()
+    default = serializers.JSONField(required=False, help_text="When not required.")
+    keyword_only = serializers.BooleanField(required=False)
+
+
+class TaskExampleSerializer(serializers.Serializer):
+    args = serializers.ListField(child=serializers.JSONField(), required=False)
+    kwargs = serializers.DictField(child=serializers.JSONField(), required=False)
+
+
+class TaskSerializer(serializers.Serializer):
+    """A registered task (read-only)."""
+
+    name = serializers.CharField()
+    description = serializers.CharField(allow_blank=True)
+    parameters = TaskParameterSerializer(many=True)
+    example = TaskExampleSerializer()

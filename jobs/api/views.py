@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import schedules, services
+from jobs import registry, schedules, services
 from jobs.api.filters import AuditEventFilter, ExecutionFilter, JobFilter
 from jobs.api.serializers import (
     AuditEventSerializer,
@@ -22,6 +22,7 @@ from jobs.api.serializers import (
     JobBatchResultSerializer,
     JobSerializer,
     SchedulePreviewSerializer,
+    TaskSerializer,
     enqueue_body,
     job_batch_body,
     job_create_body,
@@ -219,6 +220,14 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = AuditEventSerializer
     filterset_class = AuditEventFilter
     search_fields = ["object_repr", "actor_name", "action"]
+
+
+class TaskCatalogView(APIView):
+    """The registered tasks: what each does, its arguments (type, default) and an example call."""
+
+    @extend_schema(responses={200: TaskSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        return Response(registry.task_catalog())
 
 
 def _definition_parameter(name: str, *, required: bool = False) -> OpenApiParameter:

@@ -1,10 +1,11 @@
-"""Operator CLI for jobs: list, trigger, pause, resume, export and apply definitions.
+"""Operator CLI for jobs: list, trigger, pause, resume, export and apply definitions; the tasks.
 
     python manage.py jobs list [--json]
     python manage.py jobs trigger NAME
     python manage.py jobs pause NAME | resume NAME
     python manage.py jobs export [--format yaml|json] [--output FILE] [NAME ...]
     python manage.py jobs apply FILE [--dry-run] [--prune]
+    python manage.py jobs tasks [--json]
 
 Errors print a message and exit with status 2.
 """
@@ -12,6 +13,7 @@ Errors print a message and exit with status 2.
 from __future__ import annotations
 
 import json
+import json as json_module
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import selectors, services
+from jobs import registry, selectors, services
 from jobs.models import AuditSource, Job
 from jobs.services import ActionNotAllowed, Actor
 from jobs.validation import JobValidationError
@@ -35,6 +37,8 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         listing = sub.add_parser("list", help="List jobs")
         listing.add_argument("--json", action="store_true", help="Machine-readable output")
+        tasks = sub.add_parser("tasks", help="List the registered tasks and their arguments")
+        tasks.add_argument("--json", action="store_true", help="Machine-readable output")
         for name in ("trigger", "pause", "resume"):
             sub.add_parser(name, help=f"{name.capitalize()} a job").add_argument("job")
         export = sub.add_parser("export", help="Write job definitions as YAML or JSON")
@@ -79,6 +83,20 @@ class Command(BaseCommand):
                 f"{job.name[:30]:30} {job.task[:20]:20} {schedule[:28]:28} "
                 f"{'yes' if job.enabled else 'no':8} {next_fire}"
             )
+
+    def do_tasks(self, *, json: bool = False, **_: Any) -> None:
+        catalog = registry.task_catalog()
+        if json:
+            self.stdout.write(_dumps_json(catalog))
+            return
+        for entry in catalog:
+            self.stdout.write(f"{entry['name']}: {entry['description']}")
+            for param in entry["parameters"]:
+                default = "required" if param["required"] else f"default {param['default']!r}"
+                self.stdout.write(f"    {param['name']} ({param['type']}, {default})")
+            example = entry["example"]
+            if example.get("args") or example.get("kwargs"):
+                self.stdout.write(f"    example: {json_module.dumps(example)}")
 
     def do_trigger(self, *, job: str, **_: Any) -> None:
         target = selectors.job_get_by_name_or_id(job)

@@ -286,7 +286,45 @@
     input.addEventListener("input", Sched.debounce(function () { checkJson(pair[0], pair[1]); }, 400));
   });
 
+  // --- what the chosen task takes (jobs.registry.task_catalog, the page's #task-catalog) ---------
+  var catalogEl = document.getElementById("task-catalog");
+  var catalog = {};
+  if (catalogEl) {
+    JSON.parse(catalogEl.textContent).forEach(function (entry) { catalog[entry.name] = entry; });
+  }
+  var help = document.getElementById("task-help");
+
+  function describeParam(p) {
+    var text = p.name + " (" + p.type + ")";
+    if (p.required) return text + ", required";
+    return text + ", default " + JSON.stringify(p.default);
+  }
+
+  function showTask() {
+    var entry = catalog[field("task").value];
+    help.hidden = !entry;
+    if (!entry) return;
+    help.querySelector("[data-task-description]").textContent = entry.description || "";
+    var list = help.querySelector("[data-task-params]");
+    Sched.clear(list);
+    if (!entry.parameters.length) list.appendChild(Sched.el("li", null, "Takes no arguments."));
+    entry.parameters.forEach(function (p) { list.appendChild(Sched.el("li", null, describeParam(p))); });
+    var example = entry.example || {};
+    var hasExample = (example.args && example.args.length) || (example.kwargs && Object.keys(example.kwargs).length);
+    help.querySelector("[data-task-example]").hidden = !hasExample;
+  }
+
+  help.querySelector("[data-task-example]").addEventListener("click", function () {
+    var example = (catalog[field("task").value] || {}).example || {};
+    field("args").value = JSON.stringify(example.args || [], null, 2);
+    field("kwargs").value = JSON.stringify(example.kwargs || {}, null, 2);
+    checkJson("args", "list");
+    checkJson("kwargs", "object");
+  });
+  field("task").addEventListener("change", showTask);
+
   localizeDateInputs();
   showPanel();
+  showTask();
   preview();
 })();
