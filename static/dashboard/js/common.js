@@ -337,6 +337,9 @@
 
   // --- execution table rows (the same cells as templates/partials/execution_row.html) --------
   var CELLS = {
+    select: function (e) {
+      return Sched.el("input", { type: "checkbox", name: "ids", value: String(e.id), form: "bulk-executions", "aria-label": "Select run " + e.id });
+    },
     id: function (e) { return Sched.el("a", { href: "/executions/" + e.id + "/", "aria-label": "Execution " + e.id }, "#" + e.id); },
     job: function (e) { return Sched.el("a", { href: "/jobs/" + e.job + "/" }, e.job_name || "job " + e.job); },
     scheduled_for: function (e) { return Sched.timeEl(e.scheduled_for); },
@@ -353,9 +356,10 @@
     lag: function (e) { return Sched.durationEl(e.lag_ms); },
   };
   var NUMERIC = { attempt: true, duration: true, lag: true };
-  var STATIC_COLUMNS = { id: true, job: true, scheduled_for: true, attempt: true, trigger: true };
+  var STATIC_COLUMNS = { select: true, id: true, job: true, scheduled_for: true, attempt: true, trigger: true };
   // What each cell depends on: a cell is rebuilt only when this changes (keeps focus and selection).
   var SIGNATURE = {
+    select: function () { return ""; },
     id: function () { return ""; },
     job: function (e) { return e.job_name; },
     scheduled_for: function (e) { return e.scheduled_for; },
@@ -461,9 +465,10 @@
   function setupConfirmations() {
     document.addEventListener("submit", function (event) {
       var form = event.target;
-      if (form && form.dataset && form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
-        event.preventDefault();
-      }
+      // The question is the form's, or the pressed button's (a bulk bar's Delete or Cancel).
+      var button = event.submitter;
+      var question = (button && button.dataset && button.dataset.confirm) || (form && form.dataset && form.dataset.confirm);
+      if (question && !window.confirm(question)) event.preventDefault();
     });
   }
 
@@ -515,6 +520,41 @@
     } catch (e) { /* as above */ }
   }
 
+  /** Bulk bars (form[data-bulk]): shown while rows are selected, with how many; a header box
+   *  selects every row shown. The checkboxes belong to the form through their form attribute. */
+  function setupBulkBars() {
+    var bars = document.querySelectorAll("form[data-bulk]");
+    for (var i = 0; i < bars.length; i++) bulkBar(bars[i]);
+  }
+
+  function bulkBar(bar) {
+    var boxes = function () {
+      return document.querySelectorAll('input[type="checkbox"][name="ids"][form="' + bar.id + '"]');
+    };
+    var all = document.querySelector('input[data-select-all="' + bar.id + '"]');
+    var count = bar.querySelector("[data-bulk-count]");
+    function refresh() {
+      var list = boxes();
+      var n = 0;
+      for (var i = 0; i < list.length; i++) if (list[i].checked) n++;
+      bar.hidden = n === 0;
+      count.textContent = n + " selected";
+      if (all) {
+        all.checked = n > 0 && n === list.length;
+        all.indeterminate = n > 0 && n < list.length;
+      }
+    }
+    document.addEventListener("change", function (event) {
+      var target = event.target;
+      if (target === all) {
+        var list = boxes();
+        for (var i = 0; i < list.length; i++) list[i].checked = all.checked;
+      }
+      if (target === all || (target.name === "ids" && target.getAttribute("form") === bar.id)) refresh();
+    });
+    refresh();
+  }
+
   function start() {
     Sched.localizeTimes(document);
     renderDurations(document);
@@ -522,6 +562,7 @@
     setupConfirmations();
     setupTimezoneInputs();
     setupInstantFilters();
+    setupBulkBars();
     setInterval(Sched.tickTimes, 1000);
   }
 
