@@ -41,6 +41,7 @@ from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
 from cluster.wake import WAKE_CHANNEL
+from jobs import notifications
 from scheduler_project.logging import process_context, set_process_context
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ CLAIM_POLL_S = 0.1
 LEADER_MAX_SLEEP_S = 0.25
 # How often the leader looks for expired presences (one backend read when nobody died).
 REAP_INTERVAL_S = 0.25
+# How often the leader's notifier looks for runs that ended badly and sends what is due.
+NOTIFY_INTERVAL_S = 1.0
 LEADER_TICK_EARLY_S = 0.4
 # How often a node audits the rows it holds against what it tracks (executor.reconcile).
 RECONCILE_INTERVAL_S = 2.0
@@ -79,12 +82,12 @@ REGISTER_RETRY_FIRST_S = 0.5
 REGISTER_RETRY_MAX_S = 5.0
 
 
-# Database connections a node's own threads hold at most: heartbeat, leader, claim, the
+# Database connections a node's own threads hold at most: heartbeat, leader, notifier, claim, the
 # admission threads (PREPARE_WORKERS at most), the finisher, and one for its main thread or a drain; with the
 # database coordination backend also the election, presence and lock-keeper threads. It does not
 # grow with --capacity: task bodies hold none unless the task itself uses the ORM (and then close it
 # when the run ends).
-NODE_DB_CONNECTIONS = {"redis": 5 + PREPARE_WORKERS, "database": 8 + PREPARE_WORKERS}
+NODE_DB_CONNECTIONS = {"redis": 6 + PREPARE_WORKERS, "database": 9 + PREPARE_WORKERS}
 ERR_CONNECTIONS = (
     "the database allows {limit} connections, and {nodes} running node(s) x {budget} + this "
     "node's {budget} + {reserve} kept for web processes (SCHEDULER_WEB_DB_CONNECTIONS) need "
@@ -188,6 +191,7 @@ class NodeRunner:
         self._wake_leader = threading.Event()
         self._wake_claim = threading.Event()
         self._last_reap = 0.0
+        self._notifier: notifications.Notifier | None = None
         self._last_reconcile = self.clock.monotonic()
         self._idle_since: tuple[str, float] | None = None
         self._ended_term: int | None = None
@@ -481,6 +485,23 @@ class NodeRunner:
         )
         return max(0.0, min(LEADER_MAX_SLEEP_S, until_due))
 
+    def notify_once(self) -> float:
+        """The leader's notifier (a thread of its own: a slow webhook never delays a fire). A node
+        that is not leading drops its state, so a new term looks back from the start."""
+        if not self.is_leader:
+            self._notifier = None
+            return NOTIFY_INTERVAL_S
+        if self._notifier is None:
+            self._notifier = notifications.Notifier()
+        try:
+            self._notifier.run_once(self._now())
+        except DatabaseError as exc:
+            logger.warning(
+                "notifications: database error (%s); trying again", exc, extra=self._log_extra
+            )
+            connection.close()
+        return NOTIFY_INTERVAL_S
+
     # --- wake-ups through Redis ------------------------------------------------------------------------
     def _publish_wake(self) -> None:
         publish = getattr(self.backend, "publish", None)
@@ -584,6 +605,7 @@ class NodeRunner:
             ("leader", lambda: self._waiting_loop("leader", self._wake_leader, self.leader_once)),
             ("claim", lambda: self._waiting_loop("claim", self._wake_claim, self.claim_once)),
             ("starter", lambda: self.executor.run_starter(self.stop_event)),
+            ("notifier", lambda: _loop("notifier", self.stop_event, self.notify_once)),
             ("wake", self._listen_wake),
         ]
         for name, target in loops:

@@ -13,9 +13,18 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs import services, tokens
+from jobs import notifications, services, tokens
 from jobs.definition import RULES, WRITABLE_FIELDS
-from jobs.models import ApiToken, AuditEvent, AuditSource, Job, JobExecution
+from jobs.models import (
+    ApiToken,
+    AuditEvent,
+    AuditSource,
+    Job,
+    JobExecution,
+    Notification,
+    NotificationEvent,
+    NotificationRule,
+)
 from jobs.roles import ADMIN, OPERATOR, VIEWER, has_role
 from jobs.validation import JobValidationError, clean_job
 
@@ -249,3 +258,75 @@ try:
     admin.site.unregister(TokenProxy)
 except (ImportError, admin.sites.NotRegistered):
     pass
+
+
+class NotificationRuleForm(forms.ModelForm):
+    events = forms.MultipleChoiceField(
+        choices=NotificationEvent.choices,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Runs whose final attempt ended so.",
+    )
+
+    class Meta:
+        model = NotificationRule
+        fields = ["name", "job", "events", "channel", "target", "enabled"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        problems = notifications.check_rule(
+            events=list(data.get("events") or []),
+            channel=data.get("channel") or "",
+            target=data.get("target") or "",
+        )
+        for field, reasons in problems.items():
+            for reason in reasons:
+                self.add_error(field, reason)
+        return data
+
+
+@admin.register(NotificationRule)
+class NotificationRuleAdmin(RoleAdminMixin, admin.ModelAdmin):
+    """Who is told when a run ends badly (admins edit; every change is audited)."""
+
+    form = NotificationRuleForm
+    list_display = ["name", "job", "events", "channel", "target", "enabled"]
+    list_filter = ["channel", "enabled"]
+    search_fields = ["name", "target"]
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        services.audit_record(
+            by=admin_actor(request),
+            action="notification_rule.update" if change else "notification_rule.create",
+            object_type="notification_rule",
+            object_id=obj.pk,
+            object_repr=obj.name,
+            changes={
+                field: [None, str(form.cleaned_data.get(field))] for field in form.changed_data
+            },
+        )
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        pk, name = obj.pk, obj.name
+        super().delete_model(request, obj)
+        services.audit_record(
+            by=admin_actor(request),
+            action="notification_rule.delete",
+            object_type="notification_rule",
+            object_id=pk,
+            object_repr=name,
+            changes={},
+        )
+
+
+@admin.register(Notification)
+class NotificationAdmin(RoleAdminMixin, admin.ModelAdmin):
+    """What was sent (or is to be, or failed after its last try), read-only."""
+
+    editable = False
+    list_display = ["created_at", "rule", "execution", "event", "status", "attempts", "sent_at"]
+    list_filter = ["status", "event", "rule"]
+    search_fields = ["rule__name", "last_error"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Notification._meta.fields]

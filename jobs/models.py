@@ -291,3 +291,80 @@ class ApiToken(models.Model):
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and self.expires_at <= (now or timezone.now())
+
+
+class NotificationEvent(models.TextChoices):
+    """What a run that ended badly may be told about (its final attempt: a failure that is retried
+    is told about only when the last attempt fails too)."""
+
+    FAILED = "failed", "Failed"
+    TIMED_OUT = "timed_out", "Timed out"
+    LOST = "lost", "Lost"
+    SKIPPED = "skipped", "Skipped (misfire or overlap)"
+
+
+class NotificationChannel(models.TextChoices):
+    WEBHOOK = "webhook", "Webhook (POST JSON)"
+    EMAIL = "email", "E-mail"
+
+
+class NotificationRule(models.Model):
+    """Tell someone when a run ends badly: for one job or (no job) every job."""
+
+    name = models.CharField(max_length=200, unique=True)
+    job = models.ForeignKey(
+        Job,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="notification_rules",
+        help_text="Empty: every job.",
+    )
+    events = models.JSONField(default=list, help_text="Any of: failed, timed_out, lost, skipped.")
+    channel = models.CharField(max_length=16, choices=NotificationChannel.choices)
+    target = models.CharField(
+        max_length=1000,
+        help_text="Webhook: an http(s) URL. E-mail: addresses, comma-separated.",
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NotificationStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Failed"
+
+
+class Notification(models.Model):
+    """One rule told about one run: what was (or is to be) sent, and how it went."""
+
+    rule = models.ForeignKey(
+        NotificationRule, on_delete=models.CASCADE, related_name="notifications"
+    )
+    execution = models.ForeignKey(JobExecution, on_delete=models.CASCADE, related_name="+")
+    event = models.CharField(max_length=16, choices=NotificationEvent.choices)
+    status = models.CharField(
+        max_length=16, choices=NotificationStatus.choices, default=NotificationStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True, default="")
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["rule", "execution"], name="notification_once")
+        ]
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="notification_due_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.rule} · run #{self.execution_id} {self.event} ({self.status})"

@@ -218,6 +218,25 @@ SCHEDULER_TASK_MODULES = env_list("SCHEDULER_TASK_MODULES")
 # The demo tasks (jobs/demo_tasks.py: demo_ticker, demo_fail, demo_report): on in the embedded
 # default, off under the production settings unless asked for.
 SCHEDULER_DEMO_TASKS = env_bool("SCHEDULER_DEMO_TASKS", True)
+
+# --- Failure notifications (jobs/notifications.py) ------------------------------------------------
+# The dashboard's address, for the links in notifications (e.g. https://scheduler.example.com).
+SCHEDULER_BASE_URL = os.environ.get("SCHEDULER_BASE_URL", "")
+# When set, webhooks carry X-Scheduler-Signature: sha256=<HMAC-SHA256 of the body with it>.
+SCHEDULER_WEBHOOK_SECRET = os.environ.get("SCHEDULER_WEBHOOK_SECRET", "")
+# E-mail goes through Django's mail backend: SMTP at EMAIL_HOST:EMAIL_PORT when EMAIL_HOST is set,
+# otherwise written to the node's log (the console backend).
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_BACKEND = (
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend"
+)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "scheduler@localhost")
 # Hosts the http_request task may call (exact host names; empty = none). Nothing else is reachable.
 SCHEDULER_HTTP_ALLOWED_HOSTS = env_list("SCHEDULER_HTTP_ALLOWED_HOSTS")
 # Where a node looks for a secret a task's arguments reference ({"$secret": "NAME"}) when the
