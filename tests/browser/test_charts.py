@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 Y_LABELS = "#chart-throughput text.chart-label[text-anchor='end']"
 
 
-@pytest.mark.parametrize(("runs", "expected"), [(1, ["0", "1"]), (3, ["0", "1", "2", "3", "4", "5"])])
+@pytest.mark.parametrize(
+    ("runs", "expected"), [(1, ["0", "1"]), (3, ["0", "1", "2", "3", "4", "5"])]
+)
 def test_the_throughput_axis_labels_are_distinct_whole_numbers(
     page: Page, console: ConsoleLog, make_user, runs: int, expected: list[str]
 ) -> None:
