@@ -37,12 +37,30 @@
     }
   })();
 
+  // --- which zone times are shown in: the viewer's, or UTC (the header's switch) ------------
+  var timeModeKey = function () {
+    var button = document.getElementById("time-mode");
+    return "sched-time-mode:" + (button ? button.dataset.user : "");
+  };
+  Sched.timeMode = function () {
+    try {
+      return localStorage.getItem(timeModeKey()) === "utc" ? "utc" : "local";
+    } catch (e) {
+      return "local";
+    }
+  };
+  /** The zone times are shown in unless an element names its own (a job's next fire). */
+  Sched.displayZone = function () {
+    return Sched.timeMode() === "utc" ? "UTC" : Sched.viewerZone;
+  };
+
   // --- formatting ----------------------------------------------------------------------------
   var formatters = {};
   function formatter(zone, withYear) {
     var key = zone + "|" + withYear;
     if (!formatters[key]) {
-      var options = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" };
+      // Every time shown says its zone ("Nov 29, 14:03:07 CET", "… UTC").
+      var options = { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "short" };
       if (withYear) options.year = "numeric";
       if (zone) options.timeZone = zone;
       formatters[key] = new Intl.DateTimeFormat(undefined, options);
@@ -56,12 +74,13 @@
     return Date.parse(value);
   };
 
-  /** "Nov 29, 14:03:07" in `zone` (the viewer's by default); the year only when not this year. */
+  /** "Nov 29, 14:03:07 CET" in `zone` (the display zone by default); the year only when not
+   *  this year. */
   Sched.formatDateTime = function (ms, zone) {
     if (isNaN(ms)) return "—";
     var withYear = new Date(ms).getFullYear() !== new Date().getFullYear();
     try {
-      return formatter(zone || null, withYear).format(new Date(ms));
+      return formatter(zone || Sched.displayZone(), withYear).format(new Date(ms));
     } catch (e) {
       return formatter(null, withYear).format(new Date(ms)); // unknown zone: fall back
     }
@@ -72,9 +91,9 @@
     return new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC").replace(/Z$/, " UTC");
   };
 
-  /** 14:03 (or 14:03:07 with seconds) in the viewer's zone. */
+  /** 14:03 (or 14:03:07 with seconds) in the display zone. */
   Sched.formatTimeShort = function (ms, withSeconds) {
-    var options = { hour: "2-digit", minute: "2-digit", hourCycle: "h23" };
+    var options = { hour: "2-digit", minute: "2-digit", hourCycle: "h23", timeZone: Sched.displayZone() };
     if (withSeconds) options.second = "2-digit";
     try {
       return new Intl.DateTimeFormat(undefined, options).format(new Date(ms));
@@ -149,11 +168,14 @@
     } else if (format === "relative") {
       el.textContent = Sched.formatRelative(ms);
     } else {
-      el.textContent = Sched.formatDateTime(ms);
+      el.textContent = Sched.formatDateTime(ms, el.dataset.zone || null);
     }
     if (!el.dataset.localized) {
-      var local = Sched.formatDateTime(ms);
-      el.title = format === "datetime" ? Sched.formatUTC(ms) : local + " (" + Sched.viewerZone + ") · " + Sched.formatUTC(ms);
+      // The hover gives the other readings: the viewer's zone (when not shown) and UTC.
+      var parts = [];
+      if (format !== "datetime" || el.dataset.zone) parts.push(Sched.formatDateTime(ms) + " (" + Sched.displayZone() + ")");
+      parts.push(Sched.formatUTC(ms));
+      el.title = parts.join(" · ");
       el.dataset.localized = "1";
     }
   }
@@ -555,7 +577,31 @@
     refresh();
   }
 
+  /** The header's switch between local time and UTC, remembered per user (in this browser). */
+  function setupTimeMode() {
+    var button = document.getElementById("time-mode");
+    if (!button) return;
+    function show() {
+      var utc = Sched.timeMode() === "utc";
+      button.textContent = utc ? "UTC" : "Local time";
+      button.setAttribute("aria-pressed", utc ? "true" : "false");
+      button.title = utc ? "Times are in UTC; switch to your time zone (" + Sched.viewerZone + ")" : "Times are in your time zone (" + Sched.viewerZone + "); switch to UTC";
+    }
+    button.addEventListener("click", function () {
+      try {
+        localStorage.setItem(timeModeKey(), Sched.timeMode() === "utc" ? "local" : "utc");
+      } catch (e) { /* storage off: nothing to remember it in */ }
+      show();
+      var nodes = document.querySelectorAll("time[datetime]");
+      for (var i = 0; i < nodes.length; i++) delete nodes[i].dataset.localized;
+      Sched.localizeTimes(document);
+      document.dispatchEvent(new CustomEvent("sched:timemode"));
+    });
+    show();
+  }
+
   function start() {
+    setupTimeMode();
     Sched.localizeTimes(document);
     renderDurations(document);
     renderMeters(document);

@@ -25,7 +25,14 @@
     var current = cell.querySelector("time");
     if ((current ? current.getAttribute("datetime") : null) === (iso || null)) return;
     Sched.clear(cell);
-    cell.appendChild(Sched.timeEl(iso, format));
+    var el = Sched.timeEl(iso, format);
+    if (cell.dataset.zone && el.tagName === "TIME") {
+      // Shown in the job's own zone (a cron job's next fire), like the server rendered it.
+      el.dataset.zone = cell.dataset.zone;
+      delete el.dataset.localized;
+      Sched.renderTime(el);
+    }
+    cell.appendChild(el);
   }
 
   // --- job list ----------------------------------------------------------------------------------
