@@ -58,6 +58,7 @@ ERR_ONCE_IN_PAST = "Is in the past ({value}); a one-off job must be due now or l
 ERR_ARGS_TOO_LARGE = "Serialized arguments are {size} bytes; the limit is {limit} bytes."
 ERR_SPREAD_VS_INTERVAL = "Must be smaller than interval_seconds ({interval})."
 ERR_UNKNOWN_FIELD = "Unknown field."
+ERR_NUL = "Contains a NUL character (U+0000)."
 ERR_NOT_UNICODE = "Contains a lone surrogate (U+D800 to U+DFFF): not valid Unicode text."
 # Every instant the scheduler stores or compares with: MariaDB's DATETIME range, a day inside it so
 # that no time-zone offset can push a value out (Python's own range overflowed into 500s).
@@ -396,11 +397,15 @@ def schedule_preview_args(params: Any, *, default_count: int) -> tuple[dict[str,
     Each schedule parameter sent is checked by its rule (one of another type too, then unused)."""
     errors = _Errors()
     schedule_type = check_field(errors, RULES["schedule_type"], params.get("schedule_type"))
-    sent = {
-        name: check_field(errors, RULES[name], params[name])
-        for name in SCHEDULE_FIELDS
-        if name in params
-    }
+    sent = {}
+    for name in SCHEDULE_FIELDS:
+        if name not in params:
+            continue
+        if "\x00" in params[name]:
+            # What the schema says of every free-text query parameter (a NUL is never text).
+            errors.add(name, ERR_NUL)
+            continue
+        sent[name] = check_field(errors, RULES[name], params[name])
     kwargs: dict[str, Any] = {"schedule_type": schedule_type}
     for name, kind in SCHEDULE_FIELDS.items():
         if kind != schedule_type:
