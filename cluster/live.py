@@ -366,7 +366,9 @@ class PollRequest:
 class PollResult:
     group_frames: list[str] = field(default_factory=list)
     direct: dict[str, list[str]] = field(default_factory=dict)
-    outputs_sent: list[tuple[str, int, datetime]] = field(default_factory=list)
+    # (channel, execution id, its updated_at, the execution_output frame): sent only if the
+    # channel is still subscribed when the poll's frames go out.
+    outputs_sent: list[tuple[str, int, datetime, str]] = field(default_factory=list)
     revoke: dict[str, int] = field(default_factory=dict)
     more: bool = False
 
@@ -522,8 +524,7 @@ class LiveState:
             text = frame("execution_output", row)
             for channel, sent in subscriptions[row["id"]].items():
                 if sent != updated_at:
-                    result.direct.setdefault(channel, []).append(text)
-                    result.outputs_sent.append((channel, row["id"], updated_at))
+                    result.outputs_sent.append((channel, row["id"], updated_at, text))
 
     def _recheck(
         self, clients: dict[str, tuple[Any, str | None]], *, now: datetime
@@ -656,7 +657,7 @@ class LivePoller:
         for channel in request.catchup:
             if channel in self.clients:
                 self.clients[channel].needs_catchup = False
-        for channel, execution_id, updated_at in result.outputs_sent:
+        for channel, execution_id, updated_at, _text in result.outputs_sent:
             client = self.clients.get(channel)
             if client is not None and execution_id in client.subscriptions:
                 client.subscriptions[execution_id] = updated_at
@@ -666,8 +667,15 @@ class LivePoller:
             self.clients.pop(channel, None)
 
     async def _deliver(self, result: PollResult) -> None:
-        # Direct frames (catch-up, output) were read first: they go out before the group's.
-        for channel, frames in result.direct.items():
+        # Direct frames (catch-up, output) were read first: they go out before the group's. An
+        # output frame goes only to a dashboard still subscribed: one that unsubscribed while the
+        # poll was reading must get nothing more of that execution.
+        direct = {channel: list(frames) for channel, frames in result.direct.items()}
+        for channel, execution_id, _updated_at, text in result.outputs_sent:
+            client = self.clients.get(channel)
+            if client is not None and execution_id in client.subscriptions:
+                direct.setdefault(channel, []).append(text)
+        for channel, frames in direct.items():
             await self._send(channel, {"type": "live.frames", "frames": frames})
         if result.group_frames:
             await self.layer.group_send(

@@ -7,7 +7,9 @@ it goes through ``database_sync_to_async``, which runs it on the test's own thre
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -362,6 +364,44 @@ def test_subscribed_execution_streams_its_output(make_user: Callable[..., Any]) 
         await tab.wait_for(of_type("pong"))
         await db(lambda: JobExecution.objects.filter(pk=execution.pk).update(output="x"))()
         await db(lambda: JobExecution.objects.filter(pk=other.pk).update(output="y"))()
+        await tab.assert_none(of_type("execution_output"), during=0.5)
+        await tab.close()
+
+    run(body)
+
+
+def test_an_unsubscribe_while_a_poll_reads_stops_what_that_poll_read(
+    make_user: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race behind a once-seen flake on MariaDB, made certain: a poll takes the subscriptions,
+    the tab unsubscribes (the server answers a ping after it), the output changes, and only then
+    does the poll read the row. What it read must not reach the tab."""
+    headers = session_headers(make_user("operator"))
+    execution = job_trigger(job_id=job_create(data=INTERVAL, by=SYSTEM).pk, by=SYSTEM)
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+    original = live.LiveState.poll
+
+    def poll(self: Any, request: live.PollRequest) -> live.PollResult:
+        if hold.is_set() and request.subscriptions:
+            hold.clear()
+            held.set()
+            release.wait(5)
+        return original(self, request)
+
+    monkeypatch.setattr(live.LiveState, "poll", poll)
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        await tab.open()
+        await tab.comm.send_json_to({"subscribe_execution": execution.pk})
+        await tab.wait_for(of_type("execution_output"))
+        hold.set()
+        assert await asyncio.to_thread(held.wait, 5), "no poll took the subscription"
+        await tab.comm.send_json_to({"unsubscribe_execution": execution.pk})
+        await tab.comm.send_json_to({"ping": 2})
+        await tab.wait_for(of_type("pong"))
+        await db(lambda: JobExecution.objects.filter(pk=execution.pk).update(output="late"))()
+        release.set()
         await tab.assert_none(of_type("execution_output"), during=0.5)
         await tab.close()
 

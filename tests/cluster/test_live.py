@@ -230,7 +230,9 @@ def test_subscribed_output_is_sent_when_the_execution_changes() -> None:
     (pk,) = make_executions(1)
     subscriptions: dict[int, dict[str, Any]] = {pk: {"chan-a": None}, 999_999: {"chan-a": None}}
     result = poll(state, live.PollRequest(subscriptions=subscriptions))
-    (text,) = result.direct["chan-a"]
+    assert "chan-a" not in result.direct  # output frames go out only if still subscribed
+    ((channel, execution_id, updated_at, text),) = result.outputs_sent
+    assert (channel, execution_id) == ("chan-a", pk)
     assert json.loads(text)["data"] == {
         "id": pk,
         "status": S.PENDING,
@@ -238,13 +240,11 @@ def test_subscribed_output_is_sent_when_the_execution_changes() -> None:
         "error": "",
         "traceback": "",
     }
-    ((channel, execution_id, updated_at),) = result.outputs_sent
-    assert (channel, execution_id) == ("chan-a", pk)
 
     subscriptions[pk]["chan-a"] = updated_at
-    assert "chan-a" not in poll(state, live.PollRequest(subscriptions=subscriptions)).direct
+    assert poll(state, live.PollRequest(subscriptions=subscriptions)).outputs_sent == []
     JobExecution.objects.filter(pk=pk).update(output="hello")
-    (text,) = poll(state, live.PollRequest(subscriptions=subscriptions)).direct["chan-a"]
+    ((_, _, _, text),) = poll(state, live.PollRequest(subscriptions=subscriptions)).outputs_sent
     assert json.loads(text)["data"]["output"] == "hello"
 
 
