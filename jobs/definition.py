@@ -59,6 +59,8 @@ LIST = "list"
 OBJECT = "object"
 
 REQUIRED = object()  # the default of a field a new job must be given
+# A schedule field a job of its type must have.
+REQUIRED_BY_SCHEDULE = ("cron_expression", "interval_seconds", "run_at")
 
 
 @lru_cache(maxsize=1)
@@ -416,7 +418,3 @@ def job_body_schema(*, version: bool = False) -> dict[str, Any]:
         "oneOf": [json_schema(kind, version=version) for kind in ScheduleType.values],
         "description": DATETIME_NOTE,
     }
-
-
-# A schedule field a job of its type must have.
-REQUIRED_BY_SCHEDULE = ("cron_expression", "interval_seconds", "run_at")

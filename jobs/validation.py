@@ -32,7 +32,6 @@ from jobs.definition import (  # noqa: F401 - re-exported: the names every calle
     NUMBER,
     REQUIRED_BY_SCHEDULE,
     RULES,
-    SCHEDULE_DEFAULTS,
     SCHEDULE_FIELDS,
     TEXT,
     WRITABLE_FIELDS,
@@ -171,10 +170,6 @@ def _string(errors: _Errors, field: str, value: Any, limit: int) -> str | None:
 MAX_LISTED_CHOICES = 12
 
 
-def _choice(errors: _Errors, field: str, value: Any, choices: type) -> str | None:
-    return _allowed(errors, field, value, tuple(c.value for c in choices), "")
-
-
 def _allowed(
     errors: _Errors, field: str, value: Any, allowed: tuple[str, ...], error: str
 ) -> str | None:
@@ -198,7 +193,7 @@ def check_field(errors: _Errors, rule: FieldRule, value: Any) -> Any:
         return None
     if rule.kind == TEXT:
         text = _string(errors, rule.name, value, rule.max_length or MAX_DESCRIPTION_CHARS)
-        if text is not None and rule.pattern is not None and not re.match(rule.pattern, text):
+        if text is not None and rule.pattern is not None and not re.fullmatch(rule.pattern, text):
             errors.add(rule.name, rule.pattern_error)
             return None
         return text

@@ -467,6 +467,9 @@ CASES = [
     ("name-leading-space", {**CRON, "name": " lead"}, "name", ERR_NAME_FORMAT),
     ("name-trailing-space", {**CRON, "name": "trail "}, "name", ERR_NAME_FORMAT),
     ("name-newline", {**CRON, "name": "two\nlines"}, "name", ERR_NAME_FORMAT),
+    # A regex "$" also matches before a final newline: the whole name must match.
+    ("name-trailing-newline", {**CRON, "name": "trail\n"}, "name", ERR_NAME_FORMAT),
+    ("queue-trailing-newline", {**CRON, "queue": "q\n"}, "queue", ERR_QUEUE_FORMAT),
     ("name-html", {**CRON, "name": "<script>"}, "name", ERR_NAME_FORMAT),
     ("name-missing", {k: v for k, v in CRON.items() if k != "name"}, "name", ERR_REQUIRED),
     ("name-number", {**CRON, "name": 7}, "name", ERR_NOT_STRING),
