@@ -301,8 +301,13 @@ class NotificationRuleAdmin(RoleAdminMixin, admin.ModelAdmin):
             object_type="notification_rule",
             object_id=obj.pk,
             object_repr=obj.name,
+            # Before and after of each changed field (before: what the form was opened with).
             changes={
-                field: [None, str(form.cleaned_data.get(field))] for field in form.changed_data
+                field: [
+                    None if not change else str(form.initial.get(field)),
+                    str(form.cleaned_data.get(field)),
+                ]
+                for field in form.changed_data
             },
         )
 

@@ -253,7 +253,21 @@ def test_admins_add_rules_in_the_admin_and_it_is_audited(client, make_user, rece
     )
     assert response.status_code == 302, response.content[:500]
     assert NotificationRule.objects.get().events == ["failed", "lost"]
-    assert AuditEvent.objects.filter(action="notification_rule.create").exists()
+    created = AuditEvent.objects.get(action="notification_rule.create")
+    assert created.changes["target"] == [None, receiver.url]
+    rule_pk = NotificationRule.objects.get().pk
+    client.post(
+        f"/admin/jobs/notificationrule/{rule_pk}/change/",
+        {
+            "name": "on-call",
+            "events": ["failed"],
+            "channel": "webhook",
+            "target": receiver.url,
+            "enabled": "on",
+        },
+    )
+    updated = AuditEvent.objects.get(action="notification_rule.update")
+    assert updated.changes == {"events": ["['failed', 'lost']", "['failed']"]}
     bad = client.post(
         "/admin/jobs/notificationrule/add/",
         {"name": "bad", "events": ["failed"], "channel": "webhook", "target": "ftp://x"},
