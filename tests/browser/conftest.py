@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import (
     Browser,
+    BrowserContext,
     BrowserType,
     ConsoleMessage,
     Page,
@@ -239,6 +240,28 @@ def console(page: Page) -> ConsoleLog:
     log.watch(page)
     page.set_default_timeout(20_000)
     return log
+
+
+@pytest.fixture
+def page_with(
+    browser: Browser, daphne_server: str
+) -> Iterator[Callable[..., tuple[Page, ConsoleLog]]]:
+    """A page in a context of its own (a viewport, a time zone, a colour scheme: Playwright's
+    new_context options) on the test server, with its console watched; closed after the test."""
+    contexts: list[BrowserContext] = []
+
+    def open_page(**options: Any) -> tuple[Page, ConsoleLog]:
+        context = browser.new_context(base_url=daphne_server, **options)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        log = ConsoleLog()
+        log.watch(page)
+        return page, log
+
+    yield open_page
+    for context in contexts:
+        context.close()
 
 
 def login(page: Page, username: str, password: str = PASSWORD) -> None:

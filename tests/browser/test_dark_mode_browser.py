@@ -4,10 +4,10 @@ it says stays readable (WCAG contrast of at least 4.5:1 for text on its backgrou
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Page
 
 from jobs import services
-from tests.browser.conftest import ConsoleLog, login
+from tests.browser.conftest import login
 from tests.cluster.harness import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -44,9 +44,7 @@ def contrast(page: Page, selector: str) -> dict:
 
 
 @pytest.mark.parametrize("scheme", ["dark", "light"])
-def test_the_dashboard_is_readable_in_both_schemes(
-    browser: Browser, daphne_server: str, make_user, scheme: str
-) -> None:
+def test_the_dashboard_is_readable_in_both_schemes(page_with, make_user, scheme: str) -> None:
     make_user("operator", f"dora-{scheme}")
     job = services.job_create(
         data={
@@ -57,31 +55,25 @@ def test_the_dashboard_is_readable_in_both_schemes(
         },
         by=services.SYSTEM,
     )
-    context = browser.new_context(base_url=daphne_server, color_scheme=scheme)
-    page = context.new_page()
-    console = ConsoleLog()
-    console.watch(page)
-    try:
-        login(page, f"dora-{scheme}")
-        page.goto("/jobs/")
-        body = contrast(page, "body")
-        assert (body["background"] < 0.05) == (scheme == "dark"), body
-        with page.expect_navigation():
-            page.get_by_role("button", name=f"Pause {job.name}").click()
-        # Read the colours at rest (a live update flashes a row for a moment).
-        wait_for(lambda: page.evaluate("() => document.getAnimations().length") == 0, 10)
-        for selector in (
-            "body",
-            ".card",
-            ".messages .message",
-            "#job-table a.strong",
-            ".badge--paused",
-            ".main-nav a",
-            ".filters label",
-            ".muted",
-        ):
-            found = contrast(page, selector)
-            assert found["ratio"] >= 4.5, (scheme, selector, found)
-        console.assert_clean()
-    finally:
-        context.close()
+    page, console = page_with(color_scheme=scheme)
+    login(page, f"dora-{scheme}")
+    page.goto("/jobs/")
+    body = contrast(page, "body")
+    assert (body["background"] < 0.05) == (scheme == "dark"), body
+    with page.expect_navigation():
+        page.get_by_role("button", name=f"Pause {job.name}").click()
+    # Read the colours at rest (a live update flashes a row for a moment).
+    wait_for(lambda: page.evaluate("() => document.getAnimations().length") == 0, 10)
+    for selector in (
+        "body",
+        ".card",
+        ".messages .message",
+        "#job-table a.strong",
+        ".badge--paused",
+        ".main-nav a",
+        ".filters label",
+        ".muted",
+    ):
+        found = contrast(page, selector)
+        assert found["ratio"] >= 4.5, (scheme, selector, found)
+    console.assert_clean()

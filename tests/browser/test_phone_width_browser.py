@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import expect
 
 from jobs import services
-from tests.browser.conftest import ConsoleLog, login
+from tests.browser.conftest import login
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PHONE = {"width": 390, "height": 844}
 
 
-def test_row_actions_are_on_screen_at_390_px(browser: Browser, daphne_server: str, make_user):
+def test_row_actions_are_on_screen_at_390_px(page_with, make_user):
     make_user("operator", "pia")
     job = services.job_create(
         data={
@@ -24,20 +24,14 @@ def test_row_actions_are_on_screen_at_390_px(browser: Browser, daphne_server: st
         },
         by=services.SYSTEM,
     )
-    context = browser.new_context(base_url=daphne_server, viewport=PHONE)
-    page = context.new_page()
-    console = ConsoleLog()
-    console.watch(page)
-    try:
-        login(page, "pia")
-        page.goto("/jobs/")
-        button = page.get_by_role("button", name=f"Pause {job.name}")
-        expect(button).to_be_visible()
-        box = button.bounding_box()
-        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
-        with page.expect_navigation():
-            button.click()
-        expect(page.locator(".messages")).to_contain_text("paused")
-        console.assert_clean()
-    finally:
-        context.close()
+    page, console = page_with(viewport=PHONE)
+    login(page, "pia")
+    page.goto("/jobs/")
+    button = page.get_by_role("button", name=f"Pause {job.name}")
+    expect(button).to_be_visible()
+    box = button.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+    with page.expect_navigation():
+        button.click()
+    expect(page.locator(".messages")).to_contain_text("paused")
+    console.assert_clean()
