@@ -624,12 +624,13 @@ class NodeRunner:
         logger.info("draining: stop claiming, hand over leadership", extra=extra)
         self.executor.claiming = False
         self._leading.clear()
-        self._election_stop.set()
         lease = self.elector.lease
         if lease is not None and self._term == lease.term:
             # Recorded before the lease is released: the next leader closes any term still open
-            # when it records its own, and would call this one's end "lease lost".
+            # when it records its own, and would call this one's end "lease lost". The election
+            # thread is stopped only after this write, since on its way out it releases the lease.
             self._record_term_end(lease, "stepped_down")
+        self._election_stop.set()
         try:
             self.elector.release()
         except Exception:

@@ -183,3 +183,37 @@ def test_a_node_that_claims_nothing_for_a_reason_of_its_own_says_why(
         runner.claim_once()
         clock.advance(1.0)
     assert "membership unconfirmed" in idle_warnings()[-1]
+
+
+def test_a_drained_leader_records_its_step_down_while_it_still_holds_the_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The election thread releases the lease on its way out; stopped before the term's end was
+    written, it let the next leader close the term first and call it "lease lost" (a CI failure
+    of test_sigterm_leader_hands_over_at_once_and_exits_zero on SQLite, whose writers queue)."""
+    from cluster.models import LeadershipTerm, TermEndReason
+
+    runner = make_runner("step-a")
+    runner.elector.tick()
+    runner.leader_once()
+    term = runner.term
+    assert term is not None and runner.is_leader
+    election = threading.Thread(target=runner.elector.run, args=(runner._election_stop,))
+    election.start()
+    holders: list[str | None] = []
+    record_term_end = runner._record_term_end
+
+    def slow_record(lease: Any, reason: str) -> None:
+        time.sleep(0.3)  # a write queued behind another node's: the election thread runs meanwhile
+        current = runner.backend.current_lease(node_module.LEASE_NAME)
+        holders.append(current.holder if current else None)
+        record_term_end(lease, reason)
+
+    monkeypatch.setattr(runner, "_record_term_end", slow_record)
+    runner.shutdown()
+    runner.stop_event.set()
+    election.join(5)
+    assert not election.is_alive()
+    assert holders[0] == "step-a"  # the first call writes; later ones find it recorded
+    assert LeadershipTerm.objects.get(term=term).end_reason == TermEndReason.STEPPED_DOWN
+    assert runner.backend.current_lease(node_module.LEASE_NAME) is None
