@@ -4,6 +4,14 @@ p50/p95, with 1 and with 100 dashboards open. A measurement, not a test.
     python -m bench.w5_live                          # SQLite in a temp dir, 200 commits per phase
     python -m bench.w5_live --database-url mysql://root@127.0.0.1:3306/sched_w5   # (re)created
     python -m bench.w5_live --commits 100 --no-browser
+    python -m bench.w5_live --redis-url redis://127.0.0.1:6379/15   # with the doorbell (below)
+
+Without ``--redis-url`` the web process polls the database every SCHEDULER_LIVE_POLL_S while
+dashboards are connected; with it, the cluster coordinates through Redis and the live feed polls
+when the doorbell rings (every commit here rings after it, as nodes and the API do), and otherwise
+every SCHEDULER_LIVE_IDLE_POLL_S. Each phase also reports what the idle web process costs the
+database: its live feed's queries per second over IDLE_WINDOW_S with the dashboards connected and
+nothing changing (the counters of /metrics).
 
 What it does: a private ``daphne`` (SCHEDULER_LIVE_POLL_S, default 0.05 s) on a free loopback port
 against a freshly migrated database; a viewer created with ``manage.py createuser`` and signed in
@@ -72,6 +80,8 @@ CONNECT_TIMEOUT_S = 30.0
 FRAME_TIMEOUT_S = 5.0  # one commit's frame must reach every dashboard within this
 WARMUP_COMMITS = 10
 TOTAL_TIMEOUT_S = 900.0
+IDLE_WINDOW_S = 10.0
+METRICS_TOKEN = "w5-metrics-token"
 REASON_PREFIX = "w5-"
 
 # In the page: time every frame that carries one of our commits when it arrives.
@@ -124,8 +134,11 @@ def percentile(values: list[float], pct: float) -> float:
 class Server:
     """A fresh database, migrated, with one viewer; a daphne process serving it."""
 
-    def __init__(self, database_url: str | None, poll_s: float, workdir: Path) -> None:
+    def __init__(
+        self, database_url: str | None, poll_s: float, workdir: Path, redis_url: str | None = None
+    ) -> None:
         self.workdir = workdir
+        self.redis_url = redis_url
         self.created_mysql: dict[str, Any] | None = None
         self.database_url = database_url or f"sqlite:///{workdir / 'w5.sqlite3'}"
         self.poll_s = poll_s
@@ -141,7 +154,11 @@ class Server:
             "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
             "LOG_LEVEL": "WARNING",
             "PYTHONUNBUFFERED": "1",
+            "SCHEDULER_METRICS_TOKEN": METRICS_TOKEN,
         }
+        if redis_url:
+            self.env["REDIS_URL"] = redis_url
+            self.env["SCHEDULER_REDIS_PREFIX"] = f"w5x{os.getpid()}"
         self.process: subprocess.Popen | None = None
         self._log: Any = None
 
@@ -167,6 +184,9 @@ class Server:
         # This process writes the commits: Django against the same database.
         os.environ.update({k: self.env[k] for k in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")})
         os.environ.update({k: self.env[k] for k in ("DJANGO_SECRET_KEY", "SCHEDULER_VAR_DIR")})
+        for key in ("REDIS_URL", "SCHEDULER_REDIS_PREFIX"):
+            if key in self.env:
+                os.environ[key] = self.env[key]
         import django
 
         django.setup()
@@ -241,6 +261,21 @@ class Server:
         if not session:
             raise RuntimeError("login failed: no session cookie")
         return session
+
+    def live_counters(self) -> tuple[float, float]:
+        """(polls, queries) of the web process's live feed so far, from /metrics."""
+        request = urllib.request.Request(
+            f"{self.base}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode()
+        found = dict(
+            re.findall(r"^(scheduler_live_(?:polls|queries)_total) ([0-9.e+]+)$", text, re.M)
+        )
+        return (
+            float(found["scheduler_live_polls_total"]),
+            float(found["scheduler_live_queries_total"]),
+        )
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -366,9 +401,10 @@ class Dashboard:
 
 
 class Phase:
-    def __init__(self, server: Server, execution_id: int, session: str) -> None:
+    def __init__(self, server: Server, execution_id: int, job_id: int, session: str) -> None:
         self.server = server
         self.execution_id = execution_id
+        self.job_id = job_id
         self.session = session
         self.dashboards: list[Dashboard] = []
         self.commits: dict[int, float] = {}
@@ -416,13 +452,19 @@ class Phase:
                         event.set()
 
     def _commit(self, number: int) -> float:
+        from django.db import transaction
+
+        from jobs.executions import announce
         from jobs.models import JobExecution
 
         status = "running" if number % 2 else "pending"
-        JobExecution.objects.filter(pk=self.execution_id).update(
-            status=status, reason=f"{REASON_PREFIX}{number}"
-        )  # autocommit: committed when this returns
-        return time.time()
+        with transaction.atomic():
+            JobExecution.objects.filter(pk=self.execution_id).update(
+                status=status, reason=f"{REASON_PREFIX}{number}"
+            )
+            # As every writer of an execution does: the doorbell rings once this commits.
+            announce(execution_id=self.execution_id, job_id=self.job_id, status=status)
+        return time.time()  # committed, and the ring (if any) handed to its thread
 
     async def run(self, commits: int) -> tuple[list[int], int]:
         """Warm-up, then ``commits`` measured commits; (the measured numbers, timeouts)."""
@@ -489,7 +531,7 @@ def summary_row(label: str, count: int, values: list[float], missing: int) -> st
     )
 
 
-def make_execution() -> int:
+def make_execution() -> tuple[int, int]:
     """A paused job and one execution of it on a queue no node serves: only this script changes it."""
     from django.utils import timezone
 
@@ -510,20 +552,34 @@ def make_execution() -> int:
     execution = JobExecution.objects.create(
         job=job, scheduled_for=now, run_after=now, trigger="manual", queue="w5-nobody"
     )
-    return execution.pk
+    return execution.pk, job.pk
+
+
+async def idle_cost(server: Server) -> tuple[float, float]:
+    """(polls/s, queries/s) of the web process's live feed while nothing changes."""
+    loop = asyncio.get_running_loop()
+    polls_0, queries_0 = await loop.run_in_executor(None, server.live_counters)
+    started = time.monotonic()
+    await asyncio.sleep(IDLE_WINDOW_S)
+    polls_1, queries_1 = await loop.run_in_executor(None, server.live_counters)
+    elapsed = time.monotonic() - started
+    return (polls_1 - polls_0) / elapsed, (queries_1 - queries_0) / elapsed
 
 
 async def measure(
-    args: argparse.Namespace, server: Server, session: str, execution_id: int
-) -> list[str]:
+    args: argparse.Namespace, server: Server, session: str, ids: tuple[int, int]
+) -> tuple[list[str], list[str]]:
     rows: list[str] = []
+    idle: list[str] = []
     for count in args.dashboards:
-        phase = Phase(server, execution_id, session)
+        phase = Phase(server, *ids, session)
         await phase.open(count)
         browser_parts: tuple[Any, Any, Any] | None = None
         if count >= 100 and not args.no_browser:
             browser_parts = await open_browser(server, session)
         await asyncio.sleep(1.0)  # let the connect bursts settle
+        polls_per_s, queries_per_s = await idle_cost(server)
+        idle.append(f"| {count:>10} | {polls_per_s:>13.1f} | {queries_per_s:>15.1f} |")
         numbers, timeouts = await phase.run(args.commits)
         every, slowest, missing = phase.latencies(numbers)
         label = "asyncio client" if count == 1 else f"asyncio clients, every frame of {count}"
@@ -565,7 +621,7 @@ async def measure(
             )
         await phase.close()
         await asyncio.sleep(0.5)
-    return rows
+    return rows, idle
 
 
 def main() -> int:
@@ -575,18 +631,21 @@ def main() -> int:
     parser.add_argument("--poll-s", type=float, default=0.05)
     parser.add_argument("--dashboards", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument(
+        "--redis-url", help="coordinate through this Redis: the live feed's doorbell is on"
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="w5-"))
-    server = Server(args.database_url, args.poll_s, workdir)
+    server = Server(args.database_url, args.poll_s, workdir, redis_url=args.redis_url)
     try:
         server.prepare()
         server.start()
         session = server.login()
-        execution_id = make_execution()
+        ids = make_execution()
         started = time.monotonic()
-        rows = asyncio.run(
-            asyncio.wait_for(measure(args, server, session, execution_id), TOTAL_TIMEOUT_S)
+        rows, idle = asyncio.run(
+            asyncio.wait_for(measure(args, server, session, ids), TOTAL_TIMEOUT_S)
         )
         elapsed = time.monotonic() - started
     finally:
@@ -594,11 +653,14 @@ def main() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     engine = "MySQL/MariaDB" if server.database_url.startswith("mysql") else "SQLite"
+    feed = "doorbell (Redis) + idle poll" if args.redis_url else "poll only (no Redis)"
+    load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
     print()
     print(
         f"W5 live: commit -> WebSocket frame received. {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
-        f"{os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}, "
-        f"{engine}, SCHEDULER_LIVE_POLL_S={args.poll_s}, {args.commits} commits per row "
+        f"{os.cpu_count()} CPUs (load {load}), {platform.python_implementation()} "
+        f"{platform.python_version()}, {engine}, live feed: {feed}, "
+        f"SCHEDULER_LIVE_POLL_S={args.poll_s}, {args.commits} commits per row "
         f"(+{WARMUP_COMMITS} warm-up), {elapsed:.0f} s"
     )
     print(
@@ -606,6 +668,12 @@ def main() -> int:
     )
     print(f"|{'-' * 46}|-----------:|-------:|-------:|-------:|-------:|-------:|--------:|")
     for row in rows:
+        print(row)
+    print()
+    print(f"The idle web process's live feed over {IDLE_WINDOW_S:.0f} s, dashboards connected:")
+    print("| dashboards | polls per s   | queries per s   |")
+    print("|-----------:|--------------:|----------------:|")
+    for row in idle:
         print(row)
     return 0
 

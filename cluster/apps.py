@@ -44,8 +44,11 @@ class ClusterConfig(AppConfig):
         connection_created.connect(_limit_idle_write_transactions, dispatch_uid="cluster-idle-tx")
         connection_created.connect(_log_new_connection, dispatch_uid="cluster-log-connection")
 
+        from cluster import doorbell
         from cluster.wake import wake_nodes
         from jobs import events
 
         events.job_changed.connect(wake_nodes, dispatch_uid="cluster-wake-job")
         events.execution_changed.connect(wake_nodes, dispatch_uid="cluster-wake-execution")
+        events.job_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-job")
+        events.execution_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-execution")

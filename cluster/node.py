@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
-from cluster import node_metrics, scheduler
+from cluster import doorbell, node_metrics, scheduler
 from cluster.clock import Clock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.elector import ElectionConfig, LeaderElector
@@ -250,6 +250,7 @@ class NodeRunner:
                 "dead_after_s": self.config.dead_after_s,
             },
         )
+        doorbell.ring()
         logger.info(
             "registered node %s (pid %s)", self.config.node_id, os.getpid(), extra=self._log_extra
         )
@@ -404,6 +405,7 @@ class NodeRunner:
             return
         self._term = lease.term
         self._leading.set()
+        doorbell.ring()  # dashboards show the new leader at once
         node_metrics.leading(lease.term, "started")
         self._term_in_logs(lease.term)
         logger.info("started leading (term %s)", lease.term, extra=extra)
@@ -428,6 +430,7 @@ class NodeRunner:
             LeadershipTerm.objects.filter(term=lease.term, ended_at__isnull=True).update(
                 ended_at=self._now(), end_reason=end_reason
             )
+            doorbell.ring()
         except Exception:
             logger.exception("could not close term %s", lease.term, extra=extra)
             close_old_connections()
@@ -664,6 +667,7 @@ class NodeRunner:
                 SchedulerNode.objects.filter(node_id=self.config.node_id).update(
                     status=NodeStatus.STOPPED, running_count=0, drain_requested=False
                 )
+                doorbell.ring()
                 break
             except Exception:
                 logger.exception(

@@ -26,9 +26,10 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.db import transaction
 from django.utils import timezone
 
-from cluster import tracing
+from cluster import doorbell, tracing
 from cluster.fencing import fenced_transaction
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
 from jobs import executions, schedules
@@ -326,6 +327,7 @@ def reap_dead_nodes(
                 status=NodeStatus.DEAD, running_count=0
             )
             result.dead_nodes = dead
+            transaction.on_commit(doorbell.ring)
             # A leader that died lost its lease by expiry: the next leader closed its term as
             # lease_lost; now that the node is known dead, say so.
             LeadershipTerm.objects.filter(

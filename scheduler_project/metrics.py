@@ -16,6 +16,11 @@ loses nothing:
 - ``scheduler_node_up{node,status}``               1 for an active or draining node, else 0
 - ``scheduler_node_heartbeat_age_seconds{node}``   seconds since each node's last heartbeat
 - ``scheduler_node_running{node}``                 runs a node reported running at its last beat
+
+And two counters of the answering web process alone (its live feed for the dashboards it serves):
+
+- ``scheduler_live_polls_total``                   database polls of its live feed
+- ``scheduler_live_queries_total``                 the queries those polls ran
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATE_AFTER_S = 1.0
@@ -108,6 +113,24 @@ class ClusterCollector(Collector):
         yield running
 
 
+class LiveFeedCollector(Collector):
+    """This web process's live feed: what its dashboards cost the database."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        from dashboard.live import poller
+
+        polls = CounterMetricFamily(
+            "scheduler_live_polls", "Database polls of this web process's live feed"
+        )
+        polls.add_metric([], poller.stats.polls)
+        yield polls
+        queries = CounterMetricFamily(
+            "scheduler_live_queries", "Database queries of this web process's live feed"
+        )
+        queries.add_metric([], poller.stats.queries)
+        yield queries
+
+
 def metrics(request: HttpRequest) -> HttpResponse:
     token = settings.SCHEDULER_METRICS_TOKEN
     if not token:
@@ -119,4 +142,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ClusterCollector())
+    registry.register(LiveFeedCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

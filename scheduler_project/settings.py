@@ -89,6 +89,7 @@ INSTALLED_APPS = [
     "axes",
     "jobs",
     "cluster",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -262,9 +263,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "/login/"
-LOGIN_REDIRECT_URL = "/"
-LOGOUT_REDIRECT_URL = "/login/"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:home"
+LOGOUT_REDIRECT_URL = "login"
 
 
 def redis_cache(url: str, prefix: str) -> dict:
@@ -392,8 +393,8 @@ SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_TRANSACTION_TIMEO
 # that nodes x their connection budget fit the server's max_connections (MariaDB).
 SCHEDULER_WEB_DB_CONNECTIONS = env_int("SCHEDULER_WEB_DB_CONNECTIONS", 20)
 
-# --- Live dashboard (cluster.live, docs/live-protocol.md) -----------------------------------------
-# Read by cluster.live when the first dashboard connects (tests override them with settings).
+# --- Live dashboard (dashboard.live, docs/live-protocol.md) ---------------------------------------
+# Read by dashboard.live when the first dashboard connects (tests override them with settings).
 
 
 def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
@@ -409,8 +410,14 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
     return value
 
 
-# Seconds between two database polls of a web process while at least one dashboard is connected.
+# Seconds between two database polls of a web process while at least one dashboard is connected
+# (the shortest gap between two polls when the doorbell below rings).
 SCHEDULER_LIVE_POLL_S = env_float("SCHEDULER_LIVE_POLL_S", 0.05)
+# With Redis coordination, a poll runs when the doorbell rings (a process committed a change) and,
+# as a fallback, at least this often.
+SCHEDULER_LIVE_IDLE_POLL_S = env_float("SCHEDULER_LIVE_IDLE_POLL_S", 1.0)
+if SCHEDULER_LIVE_IDLE_POLL_S < SCHEDULER_LIVE_POLL_S:
+    raise ImproperlyConfigured("SCHEDULER_LIVE_IDLE_POLL_S must not be below SCHEDULER_LIVE_POLL_S")
 # Seconds between re-checks that connected users are still logged in, active and hold a role.
 SCHEDULER_LIVE_RECHECK_S = env_float("SCHEDULER_LIVE_RECHECK_S", 2.0)
 # Seconds a poll looks back for rows committed after newer ones (slow commits, writer clock skew).

@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.templatetags.static import static
@@ -62,7 +63,16 @@ router.register("audit-events", AuditEventViewSet, basename="auditevent")
 
 urlpatterns = [
     # The live dashboard (server-rendered pages fed by the /ws/dashboard/ WebSocket).
-    path("", include("scheduler_project.dashboard_urls")),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="registration/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
+    # Django's LogoutView accepts POST only: a link or an image tag cannot sign anyone out.
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("dashboard.urls")),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
     path("api/cluster/", ClusterStateView.as_view(), name="cluster-state"),

@@ -93,3 +93,14 @@ def test_the_series_after_runs_a_leader_and_nodes(settings):
     assert value(text, 'scheduler_node_up{node="n2",status="dead"}') == 0
     assert value(text, 'scheduler_node_running{node="n1"}') == 2
     assert value(text, 'scheduler_node_heartbeat_age_seconds{node="n1"}') < 60
+
+
+def test_the_live_feed_counters_of_the_answering_process(settings, monkeypatch):
+    from dashboard import live
+    from dashboard.live import poller as live_poller
+
+    settings.SCHEDULER_METRICS_TOKEN = TOKEN
+    monkeypatch.setattr(live_poller, "stats", live.LiveStats(polls=3, queries=17))
+    text = scrape().content.decode()
+    assert value(text, "scheduler_live_polls_total") == 3
+    assert value(text, "scheduler_live_queries_total") == 17

@@ -194,6 +194,10 @@ class RedisBackend(CoordinationBackend):
     def _node_key(self, node_id: str) -> str:
         return f"{self.prefix}:node:{node_id}"
 
+    def channel_key(self, channel: str) -> str:
+        """The pub/sub channel ``channel`` of this cluster (its prefix keeps clusters apart)."""
+        return f"{self.prefix}:chan:{channel}"
+
     @contextlib.contextmanager
     def _errors(self, operation: str, key: str) -> Iterator[None]:
         try:
@@ -313,13 +317,13 @@ class RedisBackend(CoordinationBackend):
     # --- wake-ups (not part of the interface: the database backend has no push) -------------------
     def publish(self, channel: str, message: str) -> None:
         """Tell every subscribed node that something changed (jobs edited, executions created)."""
-        key = f"{self.prefix}:chan:{channel}"
+        key = self.channel_key(channel)
         with self._errors("publish", key):
             self.client.publish(key, message)
 
     def subscribe(self, channel: str, stop: threading.Event) -> Iterator[str]:
         """Yield each message published on ``channel`` until ``stop`` is set."""
-        key = f"{self.prefix}:chan:{channel}"
+        key = self.channel_key(channel)
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
             with self._errors("subscribe", key):

@@ -8,123 +8,39 @@ it goes through ``database_sync_to_async``, which runs it on the test's own thre
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
-from django.conf import settings as django_settings
 from django.contrib.sessions.models import Session
-from django.test import Client
 from django.utils import timezone
 
-from cluster import live
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from dashboard import live
+from dashboard.live import protocol as live_protocol
+from dashboard.live import state as live_state
 from jobs.executions import transition
 from jobs.models import JobExecution
 from jobs.services import SYSTEM, job_create, job_delete, job_trigger, job_update
 from jobs.states import ExecutionStatus
-from scheduler_project.asgi import application
+from tests.cluster.live_helpers import Dashboard, closed, of_type, run, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 S = ExecutionStatus
 INTERVAL = {"name": "poll", "task": "noop", "schedule_type": "interval", "interval_seconds": 3600}
-ORIGIN = (b"origin", b"http://localhost")
-HOST = (b"host", b"localhost")
 db = database_sync_to_async
 
 
 @pytest.fixture(autouse=True)
 def fast_live(settings: Any) -> None:
     settings.SCHEDULER_LIVE_POLL_S = 0.02
+    settings.SCHEDULER_LIVE_IDLE_POLL_S = 0.02  # these changes ring no doorbell (test_doorbell)
     settings.SCHEDULER_LIVE_RECHECK_S = 0.2
-
-
-def session_headers(user: Any | None) -> list[tuple[bytes, bytes]]:
-    """Headers of a browser on the dashboard's own origin, logged in as ``user`` (None: anonymous)."""
-    if user is None:
-        return [ORIGIN, HOST]
-    client = Client()
-    client.force_login(user)
-    key = client.cookies[django_settings.SESSION_COOKIE_NAME].value
-    return [ORIGIN, (b"cookie", f"sessionid={key}".encode()), HOST]
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    async def main() -> None:
-        try:
-            await body()
-        finally:
-            await live.shutdown()
-
-    async_to_sync(main)()
-
-
-class Dashboard:
-    """One browser tab: a WebsocketCommunicator on /ws/dashboard/ that decodes the frames."""
-
-    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
-        self.comm = WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
-
-    async def connect(self) -> tuple[bool, Any]:
-        return await self.comm.connect()
-
-    async def open(self) -> list[dict[str, Any]]:
-        """Connect and return the first three frames (hello, cluster, counts)."""
-        connected, _ = await self.connect()
-        assert connected
-        return [await self.next() for _ in range(3)]
-
-    async def next(self, timeout: float = 1.0) -> dict[str, Any]:
-        message = await self.comm.receive_output(timeout)
-        if message["type"] == "websocket.close":
-            return {"type": "<close>", "code": message.get("code")}
-        assert message["type"] == "websocket.send"
-        return json.loads(message["text"])
-
-    async def wait_for(
-        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 1.0
-    ) -> dict[str, Any]:
-        """The first frame within ``timeout`` that matches (earlier frames are skipped)."""
-        deadline = time.monotonic() + timeout
-        seen = []
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                message = await self.next(timeout=remaining)
-            except TimeoutError:
-                break
-            if predicate(message):
-                return message
-            seen.append(message["type"])
-        raise AssertionError(f"no matching frame within {timeout} s; got {seen}")
-
-    async def assert_none(self, predicate: Callable[[dict[str, Any]], bool], during: float) -> None:
-        """No matching frame for ``during`` seconds (without timing out the communicator, which
-        would cancel the application)."""
-        deadline = time.monotonic() + during
-        while time.monotonic() < deadline:
-            if await self.comm.receive_nothing(timeout=0.02):
-                continue
-            message = await self.next()
-            assert not predicate(message), message
-
-    async def close(self) -> None:
-        await self.comm.disconnect()
-
-
-def of_type(kind: str, test: Callable[[Any], bool] = lambda data: True) -> Callable:
-    return lambda message: message["type"] == kind and test(message.get("data"))
-
-
-def closed(message: dict[str, Any]) -> bool:
-    return message["type"] == "<close>"
 
 
 # --- who may connect ------------------------------------------------------------------------------
@@ -379,16 +295,16 @@ def test_an_unsubscribe_while_a_poll_reads_stops_what_that_poll_read(
     headers = session_headers(make_user("operator"))
     execution = job_trigger(job_id=job_create(data=INTERVAL, by=SYSTEM).pk, by=SYSTEM)
     hold, held, release = threading.Event(), threading.Event(), threading.Event()
-    original = live.LiveState.poll
+    original = live_state.LiveState.poll
 
-    def poll(self: Any, request: live.PollRequest) -> live.PollResult:
+    def poll(self: Any, request: live_state.PollRequest) -> live_state.PollResult:
         if hold.is_set() and request.subscriptions:
             hold.clear()
             held.set()
             release.wait(5)
         return original(self, request)
 
-    monkeypatch.setattr(live.LiveState, "poll", poll)
+    monkeypatch.setattr(live_state.LiveState, "poll", poll)
 
     async def body() -> None:
         tab = Dashboard(headers)
@@ -505,7 +421,7 @@ def test_late_execution_is_counted(make_user: Callable[..., Any]) -> None:
     def make_late() -> None:
         execution = job_trigger(job_id=job.pk, by=SYSTEM)
         JobExecution.objects.filter(pk=execution.pk).update(
-            run_after=timezone.now() - timedelta(seconds=live.LATE_AFTER_S + 1)
+            run_after=timezone.now() - timedelta(seconds=live_protocol.LATE_AFTER_S + 1)
         )
 
     async def body() -> None:

@@ -20,8 +20,13 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
 
-from cluster import live
 from cluster.models import LeadershipTerm, SchedulerNode
+from dashboard import live
+from dashboard.live import access as live_access
+from dashboard.live import feed as live_feed
+from dashboard.live import poller as live_poller
+from dashboard.live import protocol as live_protocol
+from dashboard.live import state as live_state
 from jobs.models import Job, JobExecution
 from jobs.services import SYSTEM, job_create, job_delete, job_update
 from jobs.states import ExecutionStatus
@@ -49,13 +54,13 @@ def stamp(ids: list[int], at: Any) -> None:
     JobExecution.objects.filter(pk__in=ids).update(updated_at=at)
 
 
-def feed(batch: int = live.BATCH_SIZE) -> live.ChangeFeed:
-    return live.ChangeFeed(
+def feed(batch: int = live_protocol.BATCH_SIZE) -> live_feed.ChangeFeed:
+    return live_feed.ChangeFeed(
         JobExecution.objects.all, stamp="updated_at", lookback=LOOKBACK, batch=batch
     )
 
 
-def drain(changes: live.ChangeFeed, *, sweep: bool = True) -> list[int]:
+def drain(changes: live_feed.ChangeFeed, *, sweep: bool = True) -> list[int]:
     ids: list[int] = []
     while True:
         rows, more = changes.poll(sweep=sweep)
@@ -136,7 +141,7 @@ def test_seed_counts_the_lookback_window_as_sent_and_recent_reads_it() -> None:
 # --- one poll ---------------------------------------------------------------------------------------
 
 
-def frames_of(result: live.PollResult) -> dict[str, Any]:
+def frames_of(result: live_state.PollResult) -> dict[str, Any]:
     decoded = [json.loads(text) for text in result.group_frames]
     by_type: dict[str, Any] = {}
     for message in decoded:
@@ -145,15 +150,17 @@ def frames_of(result: live.PollResult) -> dict[str, Any]:
     return by_type
 
 
-def poll(state: live.LiveState, request: live.PollRequest | None = None) -> live.PollResult:
+def poll(
+    state: live_state.LiveState, request: live_state.PollRequest | None = None
+) -> live_state.PollResult:
     # Let the throttled probes (jobs, counts) come due however long their last run took.
     state._jobs_probe.next_at = state._counts_probe.next_at = 0.0
-    return state.poll(request or live.PollRequest())
+    return state.poll(request or live_state.PollRequest())
 
 
 @pytest.mark.django_db
 def test_a_poll_sends_only_what_changed() -> None:
-    state = live.LiveState(CONFIG)
+    state = live_state.LiveState(CONFIG)
     first = frames_of(poll(state))
     assert set(first) == {"cluster", "counts"}  # the baseline, sent once
     assert frames_of(poll(state)) == {}
@@ -190,14 +197,17 @@ def test_a_poll_sends_only_what_changed() -> None:
 
 @pytest.mark.django_db
 def test_executions_are_sent_in_messages_of_at_most_500() -> None:
-    state = live.LiveState(CONFIG)
+    state = live_state.LiveState(CONFIG)
     poll(state)
-    ids = make_executions(live.BATCH_SIZE + 20)
+    ids = make_executions(live_protocol.BATCH_SIZE + 20)
     sent = []
     while True:
         result = poll(state)
         sent.extend(row["id"] for data in frames_of(result).get("executions", []) for row in data)
-        assert all(len(data) <= live.BATCH_SIZE for data in frames_of(result).get("executions", []))
+        assert all(
+            len(data) <= live_protocol.BATCH_SIZE
+            for data in frames_of(result).get("executions", [])
+        )
         if not result.more:
             break
     assert sorted(sent) == sorted(ids)
@@ -207,7 +217,7 @@ def test_executions_are_sent_in_messages_of_at_most_500() -> None:
 def test_counts() -> None:
     now = timezone.now()
     ids = make_executions(6)
-    late = now - timedelta(seconds=live.LATE_AFTER_S + 1)
+    late = now - timedelta(seconds=live_protocol.LATE_AFTER_S + 1)
     JobExecution.objects.filter(pk=ids[0]).update(run_after=late)
     JobExecution.objects.filter(pk=ids[1]).update(status=S.RUNNING)
     JobExecution.objects.filter(pk__in=ids[2:4]).update(status=S.FAILED, finished_at=now)
@@ -225,11 +235,11 @@ def test_counts() -> None:
 
 @pytest.mark.django_db
 def test_subscribed_output_is_sent_when_the_execution_changes() -> None:
-    state = live.LiveState(CONFIG)
+    state = live_state.LiveState(CONFIG)
     poll(state)
     (pk,) = make_executions(1)
     subscriptions: dict[int, dict[str, Any]] = {pk: {"chan-a": None}, 999_999: {"chan-a": None}}
-    result = poll(state, live.PollRequest(subscriptions=subscriptions))
+    result = poll(state, live_state.PollRequest(subscriptions=subscriptions))
     assert "chan-a" not in result.direct  # output frames go out only if still subscribed
     ((channel, execution_id, updated_at, text),) = result.outputs_sent
     assert (channel, execution_id) == ("chan-a", pk)
@@ -242,9 +252,11 @@ def test_subscribed_output_is_sent_when_the_execution_changes() -> None:
     }
 
     subscriptions[pk]["chan-a"] = updated_at
-    assert poll(state, live.PollRequest(subscriptions=subscriptions)).outputs_sent == []
+    assert poll(state, live_state.PollRequest(subscriptions=subscriptions)).outputs_sent == []
     JobExecution.objects.filter(pk=pk).update(output="hello")
-    ((_, _, _, text),) = poll(state, live.PollRequest(subscriptions=subscriptions)).outputs_sent
+    ((_, _, _, text),) = poll(
+        state, live_state.PollRequest(subscriptions=subscriptions)
+    ).outputs_sent
     assert json.loads(text)["data"]["output"] == "hello"
 
 
@@ -275,7 +287,7 @@ def test_recheck_closes_ended_sessions_and_users_without_access(
     inactive.save()
     Session.objects.filter(session_key=clients["gone"][1]).delete()
 
-    revoke = live.LiveState(CONFIG)._recheck(clients, now=timezone.now())
+    revoke = live_access.revocations(clients, now=timezone.now())
     assert revoke == {
         "inactive": live.CLOSE_FORBIDDEN,
         "norole": live.CLOSE_FORBIDDEN,
@@ -284,8 +296,8 @@ def test_recheck_closes_ended_sessions_and_users_without_access(
 
 
 def test_group_name_is_a_valid_channels_group_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(live.socket, "gethostname", lambda: "wéird host/" + "x" * 200)
-    monkeypatch.setattr(live, "_group", None)
+    monkeypatch.setattr(live_protocol.socket, "gethostname", lambda: "wéird host/" + "x" * 200)
+    monkeypatch.setattr(live_protocol, "_group", None)
     name = live.group_name()
     get_channel_layer().require_valid_group_name(name)
     assert name == live.group_name()  # stable within the process
@@ -307,23 +319,26 @@ def test_poller_keeps_going_after_a_failed_poll_and_stops_with_its_last_client(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     settings.SCHEDULER_LIVE_POLL_S = 0.02
-    monkeypatch.setattr(live, "ERROR_BACKOFF_S", 0.05)
+    settings.SCHEDULER_LIVE_IDLE_POLL_S = 0.02
+    monkeypatch.setattr(live_poller, "ERROR_BACKOFF_S", 0.05)
     user = make_user("viewer")
     client = Client()
     client.force_login(user)
     session_key = client.session.session_key
     job = job_create(data=INTERVAL, by=SYSTEM)
 
-    real_poll = live.LiveState.poll
+    real_poll = live_state.LiveState.poll
     failures = {"left": 2}
 
-    def flaky_poll(self: live.LiveState, request: live.PollRequest) -> live.PollResult:
+    def flaky_poll(
+        self: live_state.LiveState, request: live_state.PollRequest
+    ) -> live_state.PollResult:
         if failures["left"]:
             failures["left"] -= 1
             raise RuntimeError("database is down")
         return real_poll(self, request)
 
-    monkeypatch.setattr(live.LiveState, "poll", flaky_poll)
+    monkeypatch.setattr(live_state.LiveState, "poll", flaky_poll)
 
     async def body() -> None:
         layer = get_channel_layer()
@@ -361,6 +376,7 @@ def test_poller_keeps_going_after_a_failed_poll_and_stops_with_its_last_client(
 @pytest.mark.django_db(transaction=True)
 def test_revoked_client_gets_a_close_message(make_user: Callable[..., Any], settings: Any) -> None:
     settings.SCHEDULER_LIVE_POLL_S = 0.02
+    settings.SCHEDULER_LIVE_IDLE_POLL_S = 0.02
     settings.SCHEDULER_LIVE_RECHECK_S = 0.05
     user = make_user("viewer")
     client = Client()

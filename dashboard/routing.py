@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from cluster.consumers import DashboardConsumer
+from dashboard.consumers import DashboardConsumer
 
 websocket_urlpatterns = [
     path("ws/dashboard/", DashboardConsumer.as_asgi()),

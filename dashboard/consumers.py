@@ -1,6 +1,6 @@
 """The dashboard's WebSocket (docs/live-protocol.md): authenticate, then forward the live feed.
 
-The feed itself (what changed, when, to whom) lives in ``cluster.live``; this consumer checks access,
+The feed itself (what changed, when, to whom) lives in ``dashboard.live``; this consumer checks access,
 sends the first snapshot, relays client requests and forwards the poller's frames.
 """
 
@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import timezone
 
-from cluster import live
+from dashboard import live
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if (execution_id := _execution_id(content.get("unsubscribe_execution"))) is not None:
             live.unsubscribe(self.channel_name, execution_id)
 
-    # --- messages from the poller (cluster.live) ----------------------------------------------------
+    # --- messages from the poller (dashboard.live) --------------------------------------------------
     async def live_frames(self, event: dict[str, Any]) -> None:
         for text in event["frames"]:
             if self.closed:

@@ -1,0 +1,2 @@
+"""The operator's dashboard: pages (``views``), their reads (``selectors``), URLs by name, and the
+live feed (``live``, ``consumers``, ``routing``)."""

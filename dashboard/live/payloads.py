@@ -1,0 +1,95 @@
+"""What the live messages carry, read from the database: the cluster, the counters, execution and
+job rows (the API's serializers, trimmed to the protocol's fields)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from cluster.api import NodeSerializer, TermSerializer
+from cluster.models import LeadershipTerm, SchedulerNode
+from cluster.selectors import current_term
+from dashboard.live.protocol import LATE_AFTER_S, OUTPUT_FIELDS, frame
+from jobs.api.serializers import ExecutionSerializer, JobSerializer
+from jobs.models import JobExecution
+from jobs.states import ExecutionStatus
+
+NODES_LIMIT = 200  # the most recently seen nodes; dead nodes of old deployments fall off
+TERMS_LIMIT = 20
+FAILED_WINDOW = timedelta(hours=1)
+FAILED_STATES = (ExecutionStatus.FAILED, ExecutionStatus.TIMED_OUT, ExecutionStatus.LOST)
+
+
+class LiveExecutionSerializer(ExecutionSerializer):
+    """The API's execution fields minus the bulky result, error, traceback and output."""
+
+    class Meta(ExecutionSerializer.Meta):
+        fields = [f for f in ExecutionSerializer.Meta.fields if f not in OUTPUT_FIELDS]
+        read_only_fields = fields
+
+
+class LiveJobSerializer(JobSerializer):
+    created_by = None
+    updated_by = None
+
+    class Meta(JobSerializer.Meta):
+        # updated_at beyond the protocol's list: lets a client drop a frame older than what it shows.
+        fields = [
+            "id",
+            "name",
+            "task",
+            "schedule_type",
+            "enabled",
+            "next_fire_at",
+            "last_fire_at",
+            "version",
+            "schedule_description",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+def cluster_payload() -> dict[str, Any]:
+    nodes = sorted(
+        SchedulerNode.objects.order_by("-last_heartbeat")[:NODES_LIMIT], key=lambda n: n.node_id
+    )
+    terms = list(LeadershipTerm.objects.order_by("-term")[:TERMS_LIMIT])
+    # The current term is the newest open one (cluster.selectors.current_term); it is almost always
+    # among the newest few, which saves a query per poll.
+    term = next((t for t in terms if t.ended_at is None), None)
+    if term is None and len(terms) == TERMS_LIMIT:
+        term = current_term()
+    return {
+        "leader": term.node_id if term else None,
+        "term": term.term if term else None,
+        "leader_since": serializers.DateTimeField().to_representation(term.acquired_at)
+        if term
+        else None,
+        "nodes": NodeSerializer(nodes, many=True).data,
+        "terms": TermSerializer(terms, many=True).data,
+    }
+
+
+def counts_payload(*, now: datetime) -> dict[str, int]:
+    """Four indexed counts (not one aggregate, which would scan the table)."""
+    executions = JobExecution.objects
+    pending = executions.filter(status=ExecutionStatus.PENDING)
+    return {
+        "running": executions.filter(status=ExecutionStatus.RUNNING).count(),
+        "queued": pending.count(),
+        "late": pending.filter(run_after__lt=now - timedelta(seconds=LATE_AFTER_S)).count(),
+        "failed_last_hour": executions.filter(
+            status__in=FAILED_STATES, finished_at__gte=now - FAILED_WINDOW
+        ).count(),
+    }
+
+
+def snapshot_frames() -> list[str]:
+    """What a dashboard gets right after ``hello``: the cluster and the counts."""
+    return [
+        frame("cluster", cluster_payload()),
+        frame("counts", counts_payload(now=timezone.now())),
+    ]

@@ -1,0 +1,293 @@
+"""The event-loop side: the one polling task of this web process, the registry of its connected
+dashboards, and when it polls (on the doorbell, or every so often)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+from django.db import close_old_connections, connection, connections
+
+from cluster import doorbell
+from dashboard.live.protocol import MAX_SUBSCRIPTIONS, LiveConfig, group_name
+from dashboard.live.state import LiveState, PollRequest, PollResult
+
+logger = logging.getLogger(__name__)
+
+
+# Channel layers forget group members after a day (and the in-memory one drops a channel whose
+# message expired): the poller adds its clients again this often.
+GROUP_REFRESH_S = 60.0
+ERROR_BACKOFF_S = 0.5
+MAX_ERROR_BACKOFF_S = 10.0
+CONNECTION_RECYCLE_S = 10.0  # the poller's connection is closed this often (close_old_connections)
+STOP_WAIT_S = 2.0  # how long stopping waits for the database thread to finish its current poll
+
+
+@dataclass
+class LiveStats:
+    """This process's live feed since it started (``/metrics``; the W5 benchmark reads them)."""
+
+    polls: int = 0
+    queries: int = 0  # database queries of the polls
+
+
+stats = LiveStats()
+
+
+@dataclass
+class LiveClient:
+    user_id: Any
+    session_key: str | None
+    needs_catchup: bool = True
+    # execution id -> updated_at of the last execution_output sent (None: nothing sent yet)
+    subscriptions: dict[int, datetime | None] = field(default_factory=dict)
+
+
+def _count_query(execute: Callable[..., Any], *args: Any) -> Any:
+    stats.queries += 1
+    return execute(*args)
+
+
+class LivePoller:
+    """The one polling task of this process, and the registry of its connected dashboards."""
+
+    def __init__(self, config: LiveConfig, clients: dict[str, LiveClient] | None = None) -> None:
+        self.config = config
+        self.group = group_name()
+        self.layer = get_channel_layer()
+        self.loop = asyncio.get_running_loop()
+        self.clients: dict[str, LiveClient] = clients if clients is not None else {}
+        self.state = LiveState(config)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dashboard-live")
+        self._poll = sync_to_async(
+            self._poll_in_db_thread, thread_sensitive=False, executor=self._executor
+        )
+        self._recycle_at = time.monotonic() + CONNECTION_RECYCLE_S
+        self._next_recheck = time.monotonic() + config.recheck_s
+        self._next_group_refresh = time.monotonic() + GROUP_REFRESH_S
+        self.polls = 0  # completed polls (tests and the W5 benchmark read it)
+        self._rung = asyncio.Event()
+        self.doorbell: doorbell.Listener | None = None
+        if config.doorbell:
+            self.doorbell = doorbell.Listener(self._ring_from_thread)
+            self.doorbell.start()
+        self.task = self.loop.create_task(self._run(), name="dashboard-live-poller")
+
+    def _ring_from_thread(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._rung.set)
+
+    def ring(self) -> None:
+        """Poll soon (from the event loop's thread): a new dashboard, a new subscription."""
+        self._rung.set()
+
+    async def _pause(self, started: float) -> None:
+        """Until the next poll is due: ``poll_s`` after the last one began; with the doorbell
+        heard, then until a ring (rings during the gap coalesce), a recheck or ``idle_poll_s``."""
+        await asyncio.sleep(max(0.0, self.config.poll_s - (time.monotonic() - started)))
+        if self.doorbell is None or not self.doorbell.connected or self._rung.is_set():
+            return
+        now = time.monotonic()
+        timeout = min(started + self.config.idle_poll_s, self._next_recheck) - now
+        if timeout > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rung.wait(), timeout)
+
+    def _poll_in_db_thread(self, request: PollRequest) -> PollResult:
+        # Not database_sync_to_async: it closes the connection around every call, and with SQLite
+        # (CONN_MAX_AGE=0) reconnecting 20 times a second costs more than the poll itself. The one
+        # connection of this thread is closed after an error instead, and recycled regularly.
+        try:
+            with connection.execute_wrapper(_count_query):
+                return self.state.poll(request)
+        except Exception:
+            connections.close_all()
+            raise
+        finally:
+            if time.monotonic() >= self._recycle_at:
+                self._recycle_at = time.monotonic() + CONNECTION_RECYCLE_S
+                close_old_connections()
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            started = time.monotonic()
+            if not self.clients:  # all revoked, their disconnects (which stop this task) pending
+                await asyncio.sleep(self.config.poll_s)
+                continue
+            self._rung.clear()  # a ring from here on means a change this poll may not see
+            try:
+                request = self._request(started)
+                result = await self._poll(request)
+                self.polls += 1
+                stats.polls += 1
+                self._applied(request, result)
+                await self._deliver(result)
+                if time.monotonic() >= self._next_group_refresh:
+                    self._next_group_refresh = time.monotonic() + GROUP_REFRESH_S
+                    for channel in list(self.clients):
+                        await self.layer.group_add(self.group, channel)
+            except Exception:
+                failures += 1
+                delay = min(ERROR_BACKOFF_S * 2 ** (failures - 1), MAX_ERROR_BACKOFF_S)
+                logger.exception(
+                    "dashboard live poll failed (%d in a row); retrying in %.1f s", failures, delay
+                )
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            if result.more:
+                await asyncio.sleep(0)  # behind: read the next page at once
+            else:
+                await self._pause(started)
+
+    def _request(self, now: float) -> PollRequest:
+        request = PollRequest(
+            catchup=[channel for channel, c in self.clients.items() if c.needs_catchup]
+        )
+        for channel, client in self.clients.items():
+            for execution_id, sent in client.subscriptions.items():
+                request.subscriptions.setdefault(execution_id, {})[channel] = sent
+        if now >= self._next_recheck and self.clients:
+            request.recheck = {ch: (c.user_id, c.session_key) for ch, c in self.clients.items()}
+        return request
+
+    def _applied(self, request: PollRequest, result: PollResult) -> None:
+        """Record what the poll sent (only after it succeeded: a failed one is retried in full)."""
+        for channel in request.catchup:
+            if channel in self.clients:
+                self.clients[channel].needs_catchup = False
+        for channel, execution_id, updated_at, _text in result.outputs_sent:
+            client = self.clients.get(channel)
+            if client is not None and execution_id in client.subscriptions:
+                client.subscriptions[execution_id] = updated_at
+        if request.recheck is not None:
+            self._next_recheck = time.monotonic() + self.config.recheck_s
+        for channel in result.revoke:
+            self.clients.pop(channel, None)
+
+    async def _deliver(self, result: PollResult) -> None:
+        # Direct frames (catch-up, output) were read first: they go out before the group's. An
+        # output frame goes only to a dashboard still subscribed: one that unsubscribed while the
+        # poll was reading must get nothing more of that execution.
+        direct = {channel: list(frames) for channel, frames in result.direct.items()}
+        for channel, execution_id, _updated_at, text in result.outputs_sent:
+            client = self.clients.get(channel)
+            if client is not None and execution_id in client.subscriptions:
+                direct.setdefault(channel, []).append(text)
+        for channel, frames in direct.items():
+            await self._send(channel, {"type": "live.frames", "frames": frames})
+        if result.group_frames:
+            await self.layer.group_send(
+                self.group, {"type": "live.frames", "frames": result.group_frames}
+            )
+        for channel, code in result.revoke.items():
+            await self._send(channel, {"type": "live.revoke", "code": code})
+
+    async def _send(self, channel: str, message: dict[str, Any]) -> None:
+        try:
+            await self.layer.send(channel, message)
+        except ChannelFull:
+            logger.warning("dashboard channel %s is full; dropped a live message", channel)
+
+    async def stop(self) -> None:
+        if self.doorbell is not None:
+            self.doorbell.stop()
+        self.task.cancel()
+        await asyncio.wait({self.task}, timeout=STOP_WAIT_S)
+        # Close this thread's connection, then let the thread end (after any poll in flight).
+        self._executor.submit(connections.close_all)
+        waiting = self.loop.run_in_executor(None, partial(self._executor.shutdown, wait=True))
+        await asyncio.wait({waiting}, timeout=STOP_WAIT_S)
+
+    def abandon(self) -> None:
+        """Forget a poller whose event loop is gone (tests run one loop each)."""
+        if self.doorbell is not None:
+            self.doorbell.stop()
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.task.cancel)
+        self._executor.submit(connections.close_all)
+        self._executor.shutdown(wait=False)
+
+
+_poller: LivePoller | None = None
+
+
+def _current_poller(*, create: bool) -> LivePoller | None:
+    global _poller
+    loop = asyncio.get_running_loop()
+    clients = None
+    if _poller is not None and (_poller.loop is not loop or _poller.task.done()):
+        if _poller.loop is loop:
+            clients = _poller.clients  # the task died (it should not): keep its clients
+        _poller.abandon()
+        _poller = None
+    if _poller is None and create:
+        _poller = LivePoller(LiveConfig.from_settings(), clients)
+    return _poller
+
+
+async def register(channel_name: str, *, user_id: Any, session_key: str | None) -> None:
+    """Add a dashboard (already in ``group_name()``); starts the poller for the first one."""
+    poller = _current_poller(create=True)
+    assert poller is not None
+    poller.clients[channel_name] = LiveClient(user_id=user_id, session_key=session_key)
+    poller.ring()  # its catch-up
+
+
+async def unregister(channel_name: str) -> None:
+    """Remove a dashboard; stops the poller when it was the last one."""
+    global _poller
+    poller = _current_poller(create=False)
+    if poller is None:
+        return
+    poller.clients.pop(channel_name, None)
+    if not poller.clients:
+        _poller = None
+        await poller.stop()
+
+
+async def shutdown() -> None:
+    """Stop the poller whatever its clients (process shutdown, tests)."""
+    global _poller
+    poller = _current_poller(create=False)
+    _poller = None
+    if poller is not None:
+        await poller.stop()
+
+
+def subscribe(channel_name: str, execution_id: int) -> None:
+    """Stream ``execution_output`` of one execution to one dashboard (from the next poll)."""
+    poller = _current_poller(create=False)
+    client = poller.clients.get(channel_name) if poller else None
+    if client is None:
+        return
+    client.subscriptions.pop(execution_id, None)
+    client.subscriptions[execution_id] = None  # (re)subscribing sends the current state again
+    while len(client.subscriptions) > MAX_SUBSCRIPTIONS:
+        del client.subscriptions[next(iter(client.subscriptions))]
+    poller.ring()
+
+
+def unsubscribe(channel_name: str, execution_id: int) -> None:
+    poller = _current_poller(create=False)
+    client = poller.clients.get(channel_name) if poller else None
+    if client is not None:
+        client.subscriptions.pop(execution_id, None)
+
+
+def is_running() -> bool:
+    poller = _poller
+    return poller is not None and not poller.task.done()

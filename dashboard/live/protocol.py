@@ -1,0 +1,76 @@
+"""The live feed's protocol (docs/live-protocol.md): its close codes and bounds, its timing
+settings, the frame encoding and the channel-layer group of this web process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+
+from cluster import doorbell
+
+# WebSocket close codes of the protocol.
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+BATCH_SIZE = 500  # rows per `executions` / `jobs` message (the protocol's bound), and per query
+LATE_AFTER_S = 5.0  # a pending execution this far past its run_after is "late"
+MAX_SUBSCRIPTIONS = 20  # per connection; a new one beyond this drops the oldest
+OUTPUT_FIELDS = ("result", "error", "traceback", "output")
+GROUP_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    poll_s: float  # the shortest gap between two polls; the poll period without a doorbell
+    recheck_s: float
+    lookback_s: float
+    # With the doorbell heard, a poll runs on a ring, and at least this often without one.
+    idle_poll_s: float = 1.0
+    doorbell: bool = False
+
+    @classmethod
+    def from_settings(cls) -> LiveConfig:
+        config = cls(
+            poll_s=float(getattr(settings, "SCHEDULER_LIVE_POLL_S", 0.05)),
+            recheck_s=float(getattr(settings, "SCHEDULER_LIVE_RECHECK_S", 2.0)),
+            lookback_s=float(getattr(settings, "SCHEDULER_LIVE_LOOKBACK_S", 5.0)),
+            idle_poll_s=float(getattr(settings, "SCHEDULER_LIVE_IDLE_POLL_S", 1.0)),
+            doorbell=doorbell.enabled(),
+        )
+        if min(config.poll_s, config.recheck_s) <= 0 or config.lookback_s < 0:
+            raise ValueError(f"invalid live dashboard timing: {config}")
+        if config.idle_poll_s < config.poll_s:
+            raise ValueError(f"SCHEDULER_LIVE_IDLE_POLL_S is below SCHEDULER_LIVE_POLL_S: {config}")
+        return config
+
+
+_group: tuple[int, str] | None = None
+
+
+def group_name() -> str:
+    """The channel-layer group of this web process's dashboards (valid channels group name).
+
+    The random part keeps two processes apart that share host name and pid (containers)."""
+    global _group
+    pid = os.getpid()
+    if _group is None or _group[0] != pid:
+        host = GROUP_NAME_CHARS.sub("_", socket.gethostname())[:60]
+        _group = (pid, f"dashboard-{host}-{pid}-{secrets.token_hex(3)}")
+    return _group[1]
+
+
+def frame(kind: str, data: Any) -> str:
+    """One server message, JSON-encoded: ``{"type", "data", "ts"}``."""
+    return json.dumps(
+        {"type": kind, "data": data, "ts": round(time.time(), 3)},
+        cls=DjangoJSONEncoder,
+        separators=(",", ":"),
+    )

@@ -1,0 +1,355 @@
+"""The dashboard's reads: every query its pages make, so that views only parse, call and render.
+
+List filters go through the API's own filter sets (``jobs.api.filters``): a page filters with the
+same lookups and bounds as ``/api/``, except that a value the API would refuse with a 400 is
+dropped here (a page shows its list unfiltered by it rather than an error).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import (
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+from django.utils.datastructures import MultiValueDict
+
+from cluster.models import LeadershipTerm, SchedulerNode
+from dashboard import live
+from jobs import registry
+from jobs import selectors as job_selectors
+from jobs.api.filters import AuditEventFilter, ExecutionFilter, JobFilter
+from jobs.models import AuditEvent, Job, JobExecution
+from jobs.states import ACTIVE_STATES, TERMINAL_STATES, ExecutionStatus
+
+S = ExecutionStatus
+# The overview charts: one bucket per minute over the last hour.
+CHART_WINDOW_MINUTES = 60
+OUTCOME_STATUSES = (S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.LOST, S.CANCELLED, S.SKIPPED)
+FAILED_STATUSES = (S.FAILED, S.TIMED_OUT, S.LOST)
+# Success rate and the duration chart of a job look at its latest finished executions.
+JOB_STATS_EXECUTIONS = 100
+JOB_DURATION_CHART_POINTS = 50
+NEVER_RUN = "never"  # the job list's outcome filter for jobs that have not finished a run
+# The cluster message of docs/live-protocol.md carries the newest 20 terms; the pages show the same.
+TIMELINE_TERMS = 20
+
+
+def node_pks() -> dict[str, int]:
+    """node_id -> primary key, for links to node pages (executions name their node by node_id)."""
+    return dict(SchedulerNode.objects.values_list("node_id", "pk"))
+
+
+def _filtered(filterset: type, params: dict[str, Any], queryset: QuerySet) -> QuerySet:
+    """``queryset`` through the API's ``filterset`` with the page's ``params`` (empty ones left
+    out; one the filter set refuses is not applied)."""
+    data = MultiValueDict()
+    for name, value in params.items():
+        if value is None or value == "":
+            continue
+        data.setlist(name, [value.isoformat() if isinstance(value, datetime) else str(value)])
+    return filterset(data, queryset=queryset).qs
+
+
+# --- lists ------------------------------------------------------------------------------------
+
+
+def job_rows(
+    *, search: str, enabled: str, task: str, schedule_type: str, outcome: str
+) -> QuerySet[Job]:
+    """The job list's rows: text search over name, description and task, the API's filters, and
+    the outcome of each job's latest finished run (``never``: none yet)."""
+    rows = Job.objects.all()
+    if search:
+        rows = rows.filter(
+            Q(name__icontains=search) | Q(description__icontains=search) | Q(task__icontains=search)
+        )
+    rows = with_last_outcome(
+        _filtered(
+            JobFilter,
+            {
+                "enabled": {"yes": "true", "no": "false"}.get(enabled),
+                "task": task,
+                "schedule_type": schedule_type,
+            },
+            rows,
+        )
+    )
+    if outcome == NEVER_RUN:
+        rows = rows.filter(last_outcome__isnull=True)
+    elif outcome in TERMINAL_STATES:
+        rows = rows.filter(last_outcome=outcome)
+    return rows
+
+
+def job_list_choices() -> dict[str, Any]:
+    """What the job list's filters offer, and the totals it shows."""
+    return {
+        "tasks": sorted(
+            set(registry.task_names()) | set(Job.objects.values_list("task", flat=True))
+        ),
+        "total": Job.objects.count(),
+        # Jobs created later have larger ids: the page tells them apart from edits.
+        "max_job_id": Job.objects.aggregate(Max("id"))["id__max"] or 0,
+    }
+
+
+def execution_rows(
+    *,
+    job: int | None,
+    status: str,
+    node: str,
+    since: datetime | None,
+    until: datetime | None,
+    search: str,
+) -> QuerySet[JobExecution]:
+    """The execution list's rows, newest first: the text search of ``jobs.selectors`` (a run's
+    number, or words of its job, node, reason or error), then the API's filters."""
+    return _filtered(
+        ExecutionFilter,
+        {
+            "job": job,
+            "status": status,
+            "node": node,
+            "scheduled_after": since,
+            "scheduled_before": until,
+        },
+        job_selectors.execution_list(search=search),
+    ).order_by("-id")
+
+
+def job_names() -> QuerySet:
+    return Job.objects.order_by("name").values_list("pk", "name")
+
+
+def audit_events(
+    *, search: str, fields: dict[str, str], since: datetime | None, until: datetime | None
+) -> QuerySet[AuditEvent]:
+    """The audit log's rows, newest first: text search over what was changed, the API's filters."""
+    events = AuditEvent.objects.all()
+    if search:
+        events = events.filter(Q(object_repr__icontains=search) | Q(object_id=search))
+    return _filtered(AuditEventFilter, {**fields, "since": since, "until": until}, events)
+
+
+def audit_choices() -> dict[str, Any]:
+    """The values the audit log's filters offer: those that occur."""
+    distinct = AuditEvent.objects.order_by()
+    return {
+        "actors": distinct.values_list("actor_name", flat=True).distinct().order_by("actor_name"),
+        "actions": distinct.values_list("action", flat=True).distinct().order_by("action"),
+        "object_types": distinct.values_list("object_type", flat=True)
+        .distinct()
+        .order_by("object_type"),
+    }
+
+
+def existing_job_ids(ids: list[int]) -> set[int]:
+    return set(Job.objects.filter(pk__in=ids).values_list("pk", flat=True))
+
+
+# --- one object -------------------------------------------------------------------------------
+
+
+def job_recent_executions(job: Job, limit: int) -> QuerySet[JobExecution]:
+    return job.executions.order_by("-id")[:limit]
+
+
+def job_running_count(job: Job) -> int:
+    return job.executions.filter(status=S.RUNNING).count()
+
+
+def job_execution_counts(job: Job) -> dict[str, int]:
+    """What deleting a job takes with it: all its executions, of which these are still active."""
+    return {
+        "execution_count": job.executions.count(),
+        "active_count": job.executions.filter(status__in=ACTIVE_STATES).count(),
+    }
+
+
+def execution_chain(execution: JobExecution) -> list[JobExecution]:
+    """Every attempt at the same slot of the same job, first attempt first."""
+    return list(
+        JobExecution.objects.filter(
+            job_id=execution.job_id, scheduled_for=execution.scheduled_for
+        ).order_by("attempt")
+    )
+
+
+def nodes() -> list[SchedulerNode]:
+    return list(SchedulerNode.objects.order_by("node_id"))
+
+
+def node_recent_executions(node: SchedulerNode, limit: int) -> QuerySet[JobExecution]:
+    return job_selectors.execution_list(node=node.node_id).order_by("-id")[:limit]
+
+
+def node_terms(node: SchedulerNode) -> QuerySet[LeadershipTerm]:
+    return LeadershipTerm.objects.filter(node_id=node.node_id)[:TIMELINE_TERMS]
+
+
+def recent_executions(limit: int) -> QuerySet[JobExecution]:
+    return JobExecution.objects.select_related("job").order_by("-id")[:limit]
+
+
+def dashboard_counts(*, now: datetime) -> dict[str, int]:
+    """The overview counters: the live ``counts`` message itself."""
+    return live.counts_payload(now=now)
+
+
+def _epoch_ms(value: datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def _ms(value: timedelta | float | None) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, timedelta):
+        return value.total_seconds() * 1000
+    return float(value)
+
+
+def execution_minutes(*, now: datetime) -> dict[str, Any]:
+    """Per-minute buckets of the last hour: outcomes and duration by finish minute, due-to-start lag
+    by start minute. Sums and counts (not averages) so the page can add live executions to them."""
+    first = now.replace(second=0, microsecond=0) - timedelta(minutes=CHART_WINDOW_MINUTES - 1)
+    buckets: dict[int, dict[str, Any]] = {}
+
+    def bucket(minute: datetime) -> dict[str, Any]:
+        key = _epoch_ms(minute)
+        return buckets.setdefault(
+            key,
+            {
+                "t": key,
+                "outcomes": {},
+                "dur_sum": 0.0,
+                "dur_n": 0,
+                "dur_max": 0.0,
+                "lag_sum": 0.0,
+                "lag_n": 0,
+                "lag_max": 0.0,
+            },
+        )
+
+    finished = (
+        JobExecution.objects.filter(finished_at__gte=first, status__in=OUTCOME_STATUSES)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("minute", "status")
+        .annotate(
+            n=Count("id"),
+            dur_sum=Sum("duration_ms"),
+            dur_n=Count("duration_ms"),
+            dur_max=Max("duration_ms"),
+        )
+        .order_by()
+    )
+    for row in finished:
+        entry = bucket(row["minute"])
+        entry["outcomes"][row["status"]] = entry["outcomes"].get(row["status"], 0) + row["n"]
+        entry["dur_sum"] += _ms(row["dur_sum"])
+        entry["dur_n"] += row["dur_n"]
+        entry["dur_max"] = max(entry["dur_max"], _ms(row["dur_max"]))
+
+    lag = ExpressionWrapper(F("started_at") - F("run_after"), output_field=DurationField())
+    started = (
+        # Rows are found through indexed columns (finished_at, status) rather than started_at.
+        JobExecution.objects.filter(Q(finished_at__gte=first) | Q(status=S.RUNNING))
+        .filter(started_at__gte=first)
+        .annotate(minute=TruncMinute("started_at"))
+        .values("minute")
+        .annotate(lag_sum=Sum(lag), lag_n=Count("id"), lag_max=Max(lag))
+        .order_by()
+    )
+    for row in started:
+        entry = bucket(row["minute"])
+        entry["lag_sum"] += _ms(row["lag_sum"])
+        entry["lag_n"] += row["lag_n"]
+        entry["lag_max"] = max(entry["lag_max"], _ms(row["lag_max"]))
+
+    return {
+        "first": _epoch_ms(first),
+        "window_minutes": CHART_WINDOW_MINUTES,
+        "buckets": sorted(buckets.values(), key=lambda b: b["t"]),
+    }
+
+
+def cluster_payload() -> dict[str, Any]:
+    """The live ``cluster`` message itself, so the page renders first what the socket sends next."""
+    return live.cluster_payload()
+
+
+def liveness_thresholds() -> dict[str, float]:
+    """Heartbeat ages (seconds) at which the page marks a node late, then presumed dead, for a
+    node that has not recorded its own timing: this installation's settings (SCHEDULER)."""
+    knobs = settings.SCHEDULER
+    return {"late_s": knobs["HEARTBEAT_S"] * 2, "dead_s": knobs["DEAD_AFTER_S"]}
+
+
+def dashboard_stats(*, now: datetime | None = None) -> dict[str, Any]:
+    now = now or timezone.now()
+    return {
+        "as_of": now.isoformat(),
+        "counts": dashboard_counts(now=now),
+        "minutes": execution_minutes(now=now),
+        "cluster": cluster_payload(),
+    }
+
+
+def with_last_outcome(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    latest_finished = JobExecution.objects.filter(
+        job=OuterRef("pk"), status__in=TERMINAL_STATES
+    ).order_by("-id")
+    return jobs.annotate(
+        last_outcome=Subquery(latest_finished.values("status")[:1]),
+        last_execution_id=Subquery(latest_finished.values("id")[:1]),
+        running=Count("executions", filter=Q(executions__status=S.RUNNING)),
+    )
+
+
+def job_stats(job: Job) -> dict[str, Any]:
+    finished = list(
+        job.executions.filter(status__in=TERMINAL_STATES)
+        .order_by("-id")
+        .values("id", "status", "duration_ms", "finished_at")[:JOB_STATS_EXECUTIONS]
+    )
+    judged = [e for e in finished if e["status"] in (S.SUCCEEDED, *FAILED_STATUSES)]
+    succeeded = sum(1 for e in judged if e["status"] == S.SUCCEEDED)
+    durations = sorted(e["duration_ms"] for e in finished if e["duration_ms"] is not None)
+    chart = [
+        {
+            "id": e["id"],
+            "status": e["status"],
+            "duration_ms": e["duration_ms"],
+            "finished_at": e["finished_at"].isoformat() if e["finished_at"] else None,
+        }
+        for e in reversed(finished[:JOB_DURATION_CHART_POINTS])
+        if e["duration_ms"] is not None
+    ]
+    return {
+        "judged": len(judged),
+        "succeeded": succeeded,
+        "success_rate": round(100 * succeeded / len(judged), 1) if judged else None,
+        "avg_ms": sum(durations) / len(durations) if durations else None,
+        "p95_ms": durations[min(len(durations) - 1, int(len(durations) * 0.95))]
+        if durations
+        else None,
+        "chart": chart,
+        # The page recomputes the rate and the chart from these as runs finish.
+        "recent": [
+            {"id": e["id"], "status": e["status"], "duration_ms": e["duration_ms"]}
+            for e in finished
+        ],
+    }
