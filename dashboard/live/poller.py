@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -20,7 +19,7 @@ from channels.layers import get_channel_layer
 from django.db import close_old_connections, connection, connections
 
 from cluster import doorbell
-from dashboard.live.protocol import MAX_SUBSCRIPTIONS, LiveConfig, group_name
+from dashboard.live.protocol import MAX_SUBSCRIPTIONS, LiveConfig, OutputSent, group_name
 from dashboard.live.state import LiveState, PollRequest, PollResult
 
 logger = logging.getLogger(__name__)
@@ -51,8 +50,8 @@ class LiveClient:
     user_id: Any
     session_key: str | None
     needs_catchup: bool = True
-    # execution id -> updated_at of the last execution_output sent (None: nothing sent yet)
-    subscriptions: dict[int, datetime | None] = field(default_factory=dict)
+    # execution id -> what the last execution_output sent carried (None: nothing sent yet)
+    subscriptions: dict[int, OutputSent] = field(default_factory=dict)
 
 
 def _count_query(execute: Callable[..., Any], *args: Any) -> Any:
@@ -169,10 +168,10 @@ class LivePoller:
         for channel in request.catchup:
             if channel in self.clients:
                 self.clients[channel].needs_catchup = False
-        for channel, execution_id, updated_at, _text in result.outputs_sent:
+        for channel, execution_id, sent, _text in result.outputs_sent:
             client = self.clients.get(channel)
             if client is not None and execution_id in client.subscriptions:
-                client.subscriptions[execution_id] = updated_at
+                client.subscriptions[execution_id] = sent
         if request.recheck is not None:
             self._next_recheck = time.monotonic() + self.config.recheck_s
         for channel in result.revoke:
@@ -183,7 +182,7 @@ class LivePoller:
         # output frame goes only to a dashboard still subscribed: one that unsubscribed while the
         # poll was reading must get nothing more of that execution.
         direct = {channel: list(frames) for channel, frames in result.direct.items()}
-        for channel, execution_id, _updated_at, text in result.outputs_sent:
+        for channel, execution_id, _sent, text in result.outputs_sent:
             client = self.clients.get(channel)
             if client is not None and execution_id in client.subscriptions:
                 direct.setdefault(channel, []).append(text)

@@ -10,6 +10,7 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -25,6 +26,9 @@ LATE_AFTER_S = 5.0  # a pending execution this far past its run_after is "late"
 MAX_SUBSCRIPTIONS = 20  # per connection; a new one beyond this drops the oldest
 OUTPUT_FIELDS = ("result", "error", "traceback", "output")
 GROUP_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]")
+# What a dashboard was last sent of one execution it subscribed to: the row's updated_at and the
+# length of its output then (None: nothing yet).
+OutputSent = tuple[datetime, int] | None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dashboard.live.payloads import (
     cluster_payload,
     counts_payload,
 )
-from dashboard.live.protocol import LiveConfig, frame
+from dashboard.live.protocol import LiveConfig, OutputSent, frame
 from jobs.models import AuditEvent, Job, JobExecution
 
 # Rows may commit after a newer row was already seen (a slow transaction, a writer whose clock lags):
@@ -41,8 +41,8 @@ class PollRequest:
     """A snapshot of the event loop's registry, handed to the database thread."""
 
     catchup: list[str] = field(default_factory=list)
-    # execution id -> {channel: updated_at last sent to it (None: nothing yet)}
-    subscriptions: dict[int, dict[str, datetime | None]] = field(default_factory=dict)
+    # execution id -> {channel: what it was last sent (None: nothing yet)}
+    subscriptions: dict[int, dict[str, OutputSent]] = field(default_factory=dict)
     # channel -> (user id, session key); None when no re-check is due
     recheck: dict[str, tuple[Any, str | None]] | None = None
 
@@ -53,7 +53,7 @@ class PollResult:
     direct: dict[str, list[str]] = field(default_factory=dict)
     # (channel, execution id, its updated_at, the execution_output frame): sent only if the
     # channel is still subscribed when the poll's frames go out.
-    outputs_sent: list[tuple[str, int, datetime, str]] = field(default_factory=list)
+    outputs_sent: list[tuple[str, int, OutputSent, str]] = field(default_factory=list)
     revoke: dict[str, int] = field(default_factory=dict)
     more: bool = False
 
@@ -100,6 +100,7 @@ class LiveState:
         self._cluster_fingerprint: str | None = None
         self._counts: dict[str, int] | None = None
         self._counts_stale = True
+        self._outputs_read: dict[int, str] = {}  # subscribed execution -> its output last read
         self._sweep = Throttle(SWEEP_INTERVAL_S)
         self._jobs_probe = Throttle(config.poll_s)
         self._counts_probe = Throttle(config.poll_s, idle_s=COUNTS_IDLE_S)
@@ -188,16 +189,19 @@ class LiveState:
             frames.append(frame("jobs_deleted", deleted))
         return frames
 
-    def _outputs(
-        self, subscriptions: dict[int, dict[str, datetime | None]], result: PollResult
-    ) -> None:
+    def _outputs(self, subscriptions: dict[int, dict[str, OutputSent]], result: PollResult) -> None:
+        """``execution_output`` for each subscribed execution that changed since its channel's last
+        one: the output as an append (``output_from``: the length, in characters, the channel
+        already has) while it only grew, else whole (``output_from`` 0)."""
+        for pk in set(self._outputs_read) - set(subscriptions):
+            del self._outputs_read[pk]
         stamps = dict(
             JobExecution.objects.filter(pk__in=list(subscriptions)).values_list("pk", "updated_at")
         )
         wanted = {
             pk
             for pk, sent in subscriptions.items()
-            if pk in stamps and any(at != stamps[pk] for at in sent.values())
+            if pk in stamps and any(at is None or at[0] != stamps[pk] for at in sent.values())
         }
         if not wanted:
             return
@@ -205,8 +209,20 @@ class LiveState:
             "id", "status", "output", "error", "traceback", "updated_at"
         )
         for row in rows:
-            updated_at = row.pop("updated_at")
-            text = frame("execution_output", row)
-            for channel, sent in subscriptions[row["id"]].items():
-                if sent != updated_at:
-                    result.outputs_sent.append((channel, row["id"], updated_at, text))
+            pk, updated_at, output = row["id"], row.pop("updated_at"), row.pop("output") or ""
+            previous = self._outputs_read.get(pk)
+            grew = previous is not None and output.startswith(previous)
+            self._outputs_read[pk] = output
+            marker = (updated_at, len(output))
+            texts: dict[int, str] = {}
+            for channel, sent in subscriptions[pk].items():
+                if sent is not None and sent[0] == updated_at:
+                    continue
+                # A channel's length is that of a text this state read (all of them prefixes
+                # of ``previous`` while the output only grows); any doubt sends it whole.
+                start = sent[1] if sent is not None and grew and sent[1] <= len(previous) else 0
+                if start not in texts:
+                    texts[start] = frame(
+                        "execution_output", {**row, "output_from": start, "output": output[start:]}
+                    )
+                result.outputs_sent.append((channel, pk, marker, texts[start]))

@@ -264,6 +264,7 @@ def test_subscribed_execution_streams_its_output(make_user: Callable[..., Any]) 
         assert first["data"] == {
             "id": execution.pk,
             "status": S.PENDING,
+            "output_from": 0,
             "output": "",
             "error": "",
             "traceback": "",

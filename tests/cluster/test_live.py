@@ -246,6 +246,7 @@ def test_subscribed_output_is_sent_when_the_execution_changes() -> None:
     assert json.loads(text)["data"] == {
         "id": pk,
         "status": S.PENDING,
+        "output_from": 0,
         "output": "",
         "error": "",
         "traceback": "",
@@ -253,11 +254,36 @@ def test_subscribed_output_is_sent_when_the_execution_changes() -> None:
 
     subscriptions[pk]["chan-a"] = updated_at
     assert poll(state, live_state.PollRequest(subscriptions=subscriptions)).outputs_sent == []
-    JobExecution.objects.filter(pk=pk).update(output="hello")
-    ((_, _, _, text),) = poll(
-        state, live_state.PollRequest(subscriptions=subscriptions)
-    ).outputs_sent
-    assert json.loads(text)["data"]["output"] == "hello"
+
+    def sent_after(output: str) -> dict[str, dict[str, Any]]:
+        """Save ``output``, poll; each channel's frame data, and its new marker recorded."""
+        JobExecution.objects.filter(pk=pk).update(output=output, updated_at=timezone.now())
+        result = poll(state, live_state.PollRequest(subscriptions=subscriptions))
+        frames = {}
+        for channel, _, marker, text in result.outputs_sent:
+            subscriptions[pk][channel] = marker
+            frames[channel] = json.loads(text)["data"]
+        return frames
+
+    # The output grows: only what was added goes out, after the length the channel has.
+    frames = sent_after("hello")
+    assert (frames["chan-a"]["output_from"], frames["chan-a"]["output"]) == (0, "hello")
+    frames = sent_after("hello wörld 😀\n")
+    assert (frames["chan-a"]["output_from"], frames["chan-a"]["output"]) == (5, " wörld 😀\n")
+    # A dashboard subscribing now gets it whole, in the same poll as the other's append.
+    subscriptions[pk]["chan-b"] = None
+    frames = sent_after("hello wörld 😀\nmore")
+    assert (frames["chan-a"]["output_from"], frames["chan-a"]["output"]) == (14, "more")
+    assert (frames["chan-b"]["output_from"], frames["chan-b"]["output"]) == (
+        0,
+        "hello wörld 😀\nmore",
+    )
+    # Rewritten rather than grown (it never is today, but nothing relies on that): whole again.
+    frames = sent_after("replaced")
+    assert {channel: (data["output_from"], data["output"]) for channel, data in frames.items()} == {
+        "chan-a": (0, "replaced"),
+        "chan-b": (0, "replaced"),
+    }
 
 
 @pytest.mark.django_db

@@ -163,6 +163,7 @@
     function applyFull(e) {
       applyRow(e);
       setOutput(e.output);
+      streamedLength = null; // the feed's next append may not follow this text: resync on it
       setBlock("error-section", "execution-error", e.error);
       setBlock("traceback-section", "execution-traceback", e.traceback);
       if ("result" in e) {
@@ -217,9 +218,34 @@
       }
     }
 
+    // The feed sends the output whole (output_from 0), then what was added (output_from: the
+    // length already sent, counted in characters as the server counts them, not UTF-16 units).
+    var streamedLength = null;
+    function characters(text) {
+      var count = 0;
+      for (var i = 0; i < text.length; i++) {
+        var code = text.charCodeAt(i);
+        if (code < 0xdc00 || code > 0xdfff || i === 0 || (text.charCodeAt(i - 1) & 0xfc00) !== 0xd800) count++;
+      }
+      return count;
+    }
+
     Sched.live.on("execution_output", function (payload) {
       if (!payload || payload.id !== id) return;
-      setOutput(payload.output);
+      var part = payload.output || "";
+      var from = payload.output_from || 0;
+      if (from === 0) {
+        setOutput(part);
+        streamedLength = characters(part);
+      } else if (from === streamedLength) {
+        if (part) setOutput(outputEl.textContent + part);
+        streamedLength += characters(part);
+      } else {
+        // Out of step (a fetch replaced the text, or a frame was lost): ask for it whole again.
+        streamedLength = null;
+        Sched.live.subscribeExecution(id);
+        return;
+      }
       setBlock("error-section", "execution-error", payload.error);
       setBlock("traceback-section", "execution-traceback", payload.traceback);
       if (payload.status) setStatus(payload.status);
