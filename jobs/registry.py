@@ -368,8 +368,6 @@ def autodiscover() -> None:
 
     with _discover_lock:
         autodiscover_modules("tasks")
-        if getattr(settings, "SCHEDULER_DEMO_TASKS", False):
-            import_module("jobs.demo_tasks")
         for module in getattr(settings, "SCHEDULER_TASK_MODULES", []):
             import_module(module)
 
