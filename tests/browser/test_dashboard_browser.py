@@ -435,7 +435,7 @@ def test_viewer_sees_no_actions_and_a_forged_post_is_refused(
 # --- screenshots for the README ----------------------------------------------------------------------
 
 
-def test_screenshots_of_overview_jobs_and_an_execution(
+def test_screenshots_of_overview_jobs_nodes_and_a_running_execution(
     page: Page, console: ConsoleLog, make_user, cluster: BrowserCluster, tmp_path: Path
 ):
     cluster.start_nodes(3)
@@ -472,13 +472,23 @@ def test_screenshots_of_overview_jobs_and_an_execution(
     expect(page.locator("#job-table tbody tr")).to_have_count(4)
     page.screenshot(path=shots / "jobs.png", animations="disabled")
 
-    execution = JobExecution.objects.filter(job__name="heartbeat-log", status=S.SUCCEEDED).latest(
-        "id"
+    open_page(page, "/nodes/")
+    expect(page.locator(".leader-badge")).to_have_count(1)
+    page.screenshot(path=shots / "nodes.png", animations="disabled")
+
+    # A run caught while its output streams in (the demo ticker writes a line a second).
+    ticker = make_job(
+        "demo-ticker",
+        "demo_ticker",
+        kwargs={"seconds": 20, "interval": 1},
+        schedule_type="once",
+        run_at=timezone.now() + timedelta(days=1),
     )
+    execution = services.job_trigger(job_id=ticker.pk, by=services.SYSTEM)
     open_page(page, f"/executions/{execution.pk}/")
-    expect(page.locator("#execution-output")).to_contain_text("heartbeat: all systems nominal")
+    expect(page.locator("#execution-output")).to_contain_text("tick 4", timeout=20_000)
     page.screenshot(path=shots / "execution.png", animations="disabled")
-    for name in ("overview", "jobs", "execution"):
+    for name in ("overview", "jobs", "nodes", "execution"):
         assert (shots / f"{name}.png").stat().st_size > 10_000
     console.assert_clean()
 
