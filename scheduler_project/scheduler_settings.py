@@ -88,3 +88,26 @@ def with_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
     if problem:
         raise ValueError(problem)
     return values
+
+
+# channels-redis waits for a message in one blocking read of up to 5 s (BZPOPMIN, its
+# brpop_timeout); redis-py (from 6 on) gives up a read after 5 s by default. The two raced: an
+# idle dashboard's socket crashed with "Timeout reading from Redis" about every 5 s. A read on the
+# channel layer's connections may take this long instead.
+CHANNEL_LAYER_SOCKET_TIMEOUT_S = 30.0
+CHANNEL_LAYER_CONNECT_TIMEOUT_S = 5.0
+
+
+def redis_channel_layers(url: str, prefix: str) -> dict[str, Any]:
+    """``CHANNEL_LAYERS`` over the Redis at ``url``, its keys under ``<prefix>:asgi``."""
+    host = {
+        "address": url,
+        "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": CHANNEL_LAYER_CONNECT_TIMEOUT_S,
+    }
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [host], "prefix": f"{prefix}:asgi"},
+        }
+    }

@@ -204,12 +204,7 @@ SCHEDULER_REDIS_PREFIX = os.environ.get("SCHEDULER_REDIS_PREFIX", "djsched")
 SCHEDULER = scheduler_settings.load()
 
 if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{SCHEDULER_REDIS_PREFIX}:asgi"},
-        }
-    }
+    CHANNEL_LAYERS = scheduler_settings.redis_channel_layers(REDIS_URL, SCHEDULER_REDIS_PREFIX)
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
