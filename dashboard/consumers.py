@@ -31,6 +31,10 @@ def _execution_id(value: Any) -> int | None:
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
     registered = False
     closed = False
+    # The poller sends frames straight to this consumer (same process, same event loop); until
+    # hello and the snapshot are out they wait here, so that they always come first.
+    ready = False
+    pending: list[str]
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -43,21 +47,28 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if code is not None:
             await self._close(code)
             return
-        # Join first, snapshot after: a change made in between arrives as a frame, not lost.
-        await self.channel_layer.group_add(live.group_name(), self.channel_name)
+        # Register first, snapshot after: a change made in between arrives as a frame, not lost.
+        self.pending = []
         await live.register(
-            self.channel_name, user_id=user.pk, session_key=self.scope["session"].session_key
+            self.channel_name,
+            user_id=user.pk,
+            session_key=self.scope["session"].session_key,
+            deliver=self.deliver_frames,
+            revoke=self._close,
         )
         self.registered = True
         hello = {"user": user.get_username(), "role": role, "server_time": timezone.now()}
         await self.send(text_data=live.frame("hello", hello))
         for text in await database_sync_to_async(live.snapshot_frames)():
             await self.send(text_data=text)
+        while self.pending and not self.closed:
+            frames, self.pending = self.pending, []
+            await self._send_frames(frames)
+        self.ready = True
 
     async def disconnect(self, code: int) -> None:
         if self.registered:
             self.registered = False
-            await self.channel_layer.group_discard(live.group_name(), self.channel_name)
             await live.unregister(self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -80,12 +91,22 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if (execution_id := _execution_id(content.get("unsubscribe_execution"))) is not None:
             live.unsubscribe(self.channel_name, execution_id)
 
-    # --- messages from the poller (dashboard.live) --------------------------------------------------
-    async def live_frames(self, event: dict[str, Any]) -> None:
-        for text in event["frames"]:
+    # --- from the poller (dashboard.live) ------------------------------------------------------------
+    async def deliver_frames(self, frames: list[str]) -> None:
+        if not self.ready:
+            self.pending.extend(frames)
+            return
+        await self._send_frames(frames)
+
+    async def _send_frames(self, frames: list[str]) -> None:
+        for text in frames:
             if self.closed:
                 return
             await self.send(text_data=text)
+
+    # The same through the channel layer (a frame addressed to this channel by name).
+    async def live_frames(self, event: dict[str, Any]) -> None:
+        await self.deliver_frames(event["frames"])
 
     async def live_revoke(self, event: dict[str, Any]) -> None:
         await self._close(event["code"])

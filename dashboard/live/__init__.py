@@ -2,10 +2,10 @@
 
 The database is the source of truth (docs/live-protocol.md): executions are written by node processes,
 often on other machines, so in-process signals cannot see them. While at least one dashboard is
-connected to this process, a single asyncio task polls the database and fans what changed out to
-a channel-layer group local to this process; ``DashboardConsumer`` forwards the frames to the
-browsers. Each web process polls for its own clients only, so this works the same with the
-in-memory layer and with channels-redis behind a load balancer.
+connected to this process, a single asyncio task polls the database and hands what changed,
+encoded once, straight to the ``DashboardConsumer`` of each (same process, same event loop: no
+channel-layer hop). Each web process polls for its own clients only, so this works the same in the
+embedded mode and behind a load balancer.
 
 When it polls: on the doorbell (``cluster.doorbell``: any process rings after it commits a change a
 dashboard shows) and every ``SCHEDULER_LIVE_IDLE_POLL_S`` as a fallback; without Redis, or while the

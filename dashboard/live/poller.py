@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,6 +52,11 @@ class LiveClient:
     needs_catchup: bool = True
     # execution id -> what the last execution_output sent carried (None: nothing sent yet)
     subscriptions: dict[int, OutputSent] = field(default_factory=dict)
+    # The dashboard's own coroutines, called from the poller's task: frames to send, a close code.
+    # The poller and its dashboards share this process and its event loop, so frames go straight
+    # to the socket; without them (tests) they go through the channel layer to ``channel``.
+    deliver: Callable[[list[str]], Awaitable[None]] | None = None
+    revoke: Callable[[int], Awaitable[None]] | None = None
 
 
 def _count_query(execute: Callable[..., Any], *args: Any) -> Any:
@@ -77,6 +82,7 @@ class LivePoller:
         self._next_recheck = time.monotonic() + config.recheck_s
         self._next_group_refresh = time.monotonic() + GROUP_REFRESH_S
         self.polls = 0  # completed polls (tests and the W5 benchmark read it)
+        self._revoked: dict[str, LiveClient | None] = {}  # between _applied and _deliver
         self._rung = asyncio.Event()
         self.doorbell: doorbell.Listener | None = None
         if config.doorbell:
@@ -136,8 +142,9 @@ class LivePoller:
                 await self._deliver(result)
                 if time.monotonic() >= self._next_group_refresh:
                     self._next_group_refresh = time.monotonic() + GROUP_REFRESH_S
-                    for channel in list(self.clients):
-                        await self.layer.group_add(self.group, channel)
+                    for channel, client in list(self.clients.items()):
+                        if client.deliver is None:
+                            await self.layer.group_add(self.group, channel)
             except Exception:
                 failures += 1
                 delay = min(ERROR_BACKOFF_S * 2 ** (failures - 1), MAX_ERROR_BACKOFF_S)
@@ -175,7 +182,7 @@ class LivePoller:
         if request.recheck is not None:
             self._next_recheck = time.monotonic() + self.config.recheck_s
         for channel in result.revoke:
-            self.clients.pop(channel, None)
+            self._revoked[channel] = self.clients.pop(channel, None)
 
     async def _deliver(self, result: PollResult) -> None:
         # Direct frames (catch-up, output) were read first: they go out before the group's. An
@@ -186,14 +193,38 @@ class LivePoller:
             client = self.clients.get(channel)
             if client is not None and execution_id in client.subscriptions:
                 direct.setdefault(channel, []).append(text)
+        revoked = {channel: self._revoked.pop(channel, None) for channel in result.revoke}
         for channel, frames in direct.items():
-            await self._send(channel, {"type": "live.frames", "frames": frames})
+            await self._frames(channel, self.clients.get(channel), frames)
         if result.group_frames:
-            await self.layer.group_send(
-                self.group, {"type": "live.frames", "frames": result.group_frames}
-            )
+            through_layer = False
+            for channel, client in list(self.clients.items()):
+                if client.deliver is None:
+                    through_layer = True
+                else:
+                    await self._frames(channel, client, result.group_frames)
+            if through_layer:
+                await self.layer.group_send(
+                    self.group, {"type": "live.frames", "frames": result.group_frames}
+                )
         for channel, code in result.revoke.items():
-            await self._send(channel, {"type": "live.revoke", "code": code})
+            client = revoked[channel]
+            try:
+                if client is not None and client.revoke is not None:
+                    await client.revoke(code)
+                else:
+                    await self._send(channel, {"type": "live.revoke", "code": code})
+            except Exception:  # a socket closing meanwhile: nothing more to tell it
+                logger.debug("could not close dashboard %s", channel, exc_info=True)
+
+    async def _frames(self, channel: str, client: LiveClient | None, frames: list[str]) -> None:
+        if client is None or client.deliver is None:
+            await self._send(channel, {"type": "live.frames", "frames": frames})
+            return
+        try:
+            await client.deliver(frames)
+        except Exception:  # a socket closing meanwhile; its disconnect unregisters it
+            logger.debug("could not send to dashboard %s", channel, exc_info=True)
 
     async def _send(self, channel: str, message: dict[str, Any]) -> None:
         try:
@@ -238,11 +269,21 @@ def _current_poller(*, create: bool) -> LivePoller | None:
     return _poller
 
 
-async def register(channel_name: str, *, user_id: Any, session_key: str | None) -> None:
-    """Add a dashboard (already in ``group_name()``); starts the poller for the first one."""
+async def register(
+    channel_name: str,
+    *,
+    user_id: Any,
+    session_key: str | None,
+    deliver: Callable[[list[str]], Awaitable[None]] | None = None,
+    revoke: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
+    """Add a dashboard; starts the poller for the first one. With ``deliver`` and ``revoke`` the
+    poller calls them; without, the dashboard must be in ``group_name()`` of the channel layer."""
     poller = _current_poller(create=True)
     assert poller is not None
-    poller.clients[channel_name] = LiveClient(user_id=user_id, session_key=session_key)
+    poller.clients[channel_name] = LiveClient(
+        user_id=user_id, session_key=session_key, deliver=deliver, revoke=revoke
+    )
     poller.ring()  # its catch-up
 
 

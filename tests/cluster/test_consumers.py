@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
 from dashboard import live
+from dashboard.live import poller as live_poller
 from dashboard.live import protocol as live_protocol
 from dashboard.live import state as live_state
 from jobs.executions import transition
@@ -126,6 +127,43 @@ def test_viewer_gets_hello_cluster_and_counts(make_user: Callable[..., Any]) -> 
         assert live.is_running()
         await tab.close()
         assert not live.is_running()
+
+    run(body)
+
+
+def test_frames_of_a_poll_during_the_snapshot_come_after_it(
+    make_user: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poller sends straight to the socket; a change it delivers while the consumer is still
+    reading its snapshot waits, so that hello and the snapshot always come first."""
+    headers = session_headers(make_user("viewer"))
+    job = job_create(data=INTERVAL, by=SYSTEM)
+    real_snapshot = live.snapshot_frames
+    delivered = threading.Event()
+
+    def slow_snapshot() -> list[str]:
+        execution = job_trigger(job_id=job.pk, by=SYSTEM)
+        deadline = time.monotonic() + 2
+        # Until a poll has read the new run (the poller runs on the event loop, this in a thread).
+        while time.monotonic() < deadline and not delivered.is_set():
+            poller = live_poller._poller
+            if poller is not None and poller.polls >= 2:
+                delivered.set()
+            time.sleep(0.02)
+        assert execution.pk
+        return real_snapshot()
+
+    monkeypatch.setattr(live, "snapshot_frames", slow_snapshot)
+
+    async def body() -> None:
+        tab = Dashboard(headers)
+        connected, _ = await tab.connect()
+        assert connected
+        kinds = [(await tab.next())["type"] for _ in range(3)]
+        assert kinds == ["hello", "cluster", "counts"]
+        assert delivered.is_set()
+        await tab.wait_for(of_type("executions"))
+        await tab.close()
 
     run(body)
 
