@@ -104,13 +104,6 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 return
             await self.send(text_data=text)
 
-    # The same through the channel layer (a frame addressed to this channel by name).
-    async def live_frames(self, event: dict[str, Any]) -> None:
-        await self.deliver_frames(event["frames"])
-
-    async def live_revoke(self, event: dict[str, Any]) -> None:
-        await self._close(event["code"])
-
     async def _close(self, code: int) -> None:
         if not self.closed:
             self.closed = True

@@ -39,7 +39,6 @@ from dashboard.live.protocol import (
     CLOSE_UNAUTHENTICATED,
     LiveConfig,
     frame,
-    group_name,
 )
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "counts_payload",
     "dashboard_access",
     "frame",
-    "group_name",
     "is_running",
     "register",
     "shutdown",

@@ -14,20 +14,15 @@ from functools import partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.db import close_old_connections, connection, connections
 
 from cluster import doorbell
-from dashboard.live.protocol import MAX_SUBSCRIPTIONS, LiveConfig, OutputSent, group_name
+from dashboard.live.protocol import MAX_SUBSCRIPTIONS, LiveConfig, OutputSent
 from dashboard.live.state import LiveState, PollRequest, PollResult
 
 logger = logging.getLogger(__name__)
 
 
-# Channel layers forget group members after a day (and the in-memory one drops a channel whose
-# message expired): the poller adds its clients again this often.
-GROUP_REFRESH_S = 60.0
 ERROR_BACKOFF_S = 0.5
 MAX_ERROR_BACKOFF_S = 10.0
 CONNECTION_RECYCLE_S = 10.0  # the poller's connection is closed this often (close_old_connections)
@@ -49,14 +44,14 @@ stats = LiveStats()
 class LiveClient:
     user_id: Any
     session_key: str | None
+    # The dashboard's own coroutines, called from the poller's task: frames to send, a close code.
+    # The poller and its dashboards share this process and its event loop: frames go straight to
+    # the socket, encoded once, with no channel layer in between.
+    deliver: Callable[[list[str]], Awaitable[None]]
+    revoke: Callable[[int], Awaitable[None]]
     needs_catchup: bool = True
     # execution id -> what the last execution_output sent carried (None: nothing sent yet)
     subscriptions: dict[int, OutputSent] = field(default_factory=dict)
-    # The dashboard's own coroutines, called from the poller's task: frames to send, a close code.
-    # The poller and its dashboards share this process and its event loop, so frames go straight
-    # to the socket; without them (tests) they go through the channel layer to ``channel``.
-    deliver: Callable[[list[str]], Awaitable[None]] | None = None
-    revoke: Callable[[int], Awaitable[None]] | None = None
 
 
 def _count_query(execute: Callable[..., Any], *args: Any) -> Any:
@@ -69,8 +64,6 @@ class LivePoller:
 
     def __init__(self, config: LiveConfig, clients: dict[str, LiveClient] | None = None) -> None:
         self.config = config
-        self.group = group_name()
-        self.layer = get_channel_layer()
         self.loop = asyncio.get_running_loop()
         self.clients: dict[str, LiveClient] = clients if clients is not None else {}
         self.state = LiveState(config)
@@ -80,9 +73,6 @@ class LivePoller:
         )
         self._recycle_at = time.monotonic() + CONNECTION_RECYCLE_S
         self._next_recheck = time.monotonic() + config.recheck_s
-        self._next_group_refresh = time.monotonic() + GROUP_REFRESH_S
-        self.polls = 0  # completed polls (tests and the W5 benchmark read it)
-        self._revoked: dict[str, LiveClient | None] = {}  # between _applied and _deliver
         self._rung = asyncio.Event()
         self.doorbell: doorbell.Listener | None = None
         if config.doorbell:
@@ -136,15 +126,9 @@ class LivePoller:
             try:
                 request = self._request(started)
                 result = await self._poll(request)
-                self.polls += 1
                 stats.polls += 1
                 self._applied(request, result)
                 await self._deliver(result)
-                if time.monotonic() >= self._next_group_refresh:
-                    self._next_group_refresh = time.monotonic() + GROUP_REFRESH_S
-                    for channel, client in list(self.clients.items()):
-                        if client.deliver is None:
-                            await self.layer.group_add(self.group, channel)
             except Exception:
                 failures += 1
                 delay = min(ERROR_BACKOFF_S * 2 ** (failures - 1), MAX_ERROR_BACKOFF_S)
@@ -181,11 +165,9 @@ class LivePoller:
                 client.subscriptions[execution_id] = sent
         if request.recheck is not None:
             self._next_recheck = time.monotonic() + self.config.recheck_s
-        for channel in result.revoke:
-            self._revoked[channel] = self.clients.pop(channel, None)
 
     async def _deliver(self, result: PollResult) -> None:
-        # Direct frames (catch-up, output) were read first: they go out before the group's. An
+        # Direct frames (catch-up, output) were read first: they go out before the broadcast. An
         # output frame goes only to a dashboard still subscribed: one that unsubscribed while the
         # poll was reading must get nothing more of that execution.
         direct = {channel: list(frames) for channel, frames in result.direct.items()}
@@ -193,44 +175,30 @@ class LivePoller:
             client = self.clients.get(channel)
             if client is not None and execution_id in client.subscriptions:
                 direct.setdefault(channel, []).append(text)
-        revoked = {channel: self._revoked.pop(channel, None) for channel in result.revoke}
+        # A dashboard whose access this poll revoked gets nothing more than its close.
         for channel, frames in direct.items():
-            await self._frames(channel, self.clients.get(channel), frames)
-        if result.group_frames:
-            through_layer = False
+            if channel not in result.revoke:
+                await self._frames(self.clients.get(channel), frames)
+        if result.broadcast:
             for channel, client in list(self.clients.items()):
-                if client.deliver is None:
-                    through_layer = True
-                else:
-                    await self._frames(channel, client, result.group_frames)
-            if through_layer:
-                await self.layer.group_send(
-                    self.group, {"type": "live.frames", "frames": result.group_frames}
-                )
+                if channel not in result.revoke:
+                    await self._frames(client, result.broadcast)
         for channel, code in result.revoke.items():
-            client = revoked[channel]
+            client = self.clients.pop(channel, None)
+            if client is None:
+                continue
             try:
-                if client is not None and client.revoke is not None:
-                    await client.revoke(code)
-                else:
-                    await self._send(channel, {"type": "live.revoke", "code": code})
+                await client.revoke(code)
             except Exception:  # a socket closing meanwhile: nothing more to tell it
                 logger.debug("could not close dashboard %s", channel, exc_info=True)
 
-    async def _frames(self, channel: str, client: LiveClient | None, frames: list[str]) -> None:
-        if client is None or client.deliver is None:
-            await self._send(channel, {"type": "live.frames", "frames": frames})
-            return
+    async def _frames(self, client: LiveClient | None, frames: list[str]) -> None:
+        if client is None:
+            return  # gone while the poll ran
         try:
             await client.deliver(frames)
         except Exception:  # a socket closing meanwhile; its disconnect unregisters it
-            logger.debug("could not send to dashboard %s", channel, exc_info=True)
-
-    async def _send(self, channel: str, message: dict[str, Any]) -> None:
-        try:
-            await self.layer.send(channel, message)
-        except ChannelFull:
-            logger.warning("dashboard channel %s is full; dropped a live message", channel)
+            logger.debug("could not send to a dashboard", exc_info=True)
 
     async def stop(self) -> None:
         if self.doorbell is not None:
@@ -274,11 +242,11 @@ async def register(
     *,
     user_id: Any,
     session_key: str | None,
-    deliver: Callable[[list[str]], Awaitable[None]] | None = None,
-    revoke: Callable[[int], Awaitable[None]] | None = None,
+    deliver: Callable[[list[str]], Awaitable[None]],
+    revoke: Callable[[int], Awaitable[None]],
 ) -> None:
-    """Add a dashboard; starts the poller for the first one. With ``deliver`` and ``revoke`` the
-    poller calls them; without, the dashboard must be in ``group_name()`` of the channel layer."""
+    """Add a dashboard, with the coroutines that send it frames and close it; starts the poller
+    for the first one."""
     poller = _current_poller(create=True)
     assert poller is not None
     poller.clients[channel_name] = LiveClient(

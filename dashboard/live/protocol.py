@@ -1,13 +1,9 @@
 """The live feed's protocol (docs/live-protocol.md): its close codes and bounds, its timing
-settings, the frame encoding and the channel-layer group of this web process."""
+settings and the frame encoding."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import secrets
-import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,7 +21,6 @@ BATCH_SIZE = 500  # rows per `executions` / `jobs` message (the protocol's bound
 LATE_AFTER_S = 5.0  # a pending execution this far past its run_after is "late"
 MAX_SUBSCRIPTIONS = 20  # per connection; a new one beyond this drops the oldest
 OUTPUT_FIELDS = ("result", "error", "traceback", "output")
-GROUP_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]")
 # What a dashboard was last sent of one execution it subscribed to: the row's updated_at and the
 # length of its output then (None: nothing yet).
 OutputSent = tuple[datetime, int] | None
@@ -54,21 +49,6 @@ class LiveConfig:
         if config.idle_poll_s < config.poll_s:
             raise ValueError(f"SCHEDULER_LIVE_IDLE_POLL_S is below SCHEDULER_LIVE_POLL_S: {config}")
         return config
-
-
-_group: tuple[int, str] | None = None
-
-
-def group_name() -> str:
-    """The channel-layer group of this web process's dashboards (valid channels group name).
-
-    The random part keeps two processes apart that share host name and pid (containers)."""
-    global _group
-    pid = os.getpid()
-    if _group is None or _group[0] != pid:
-        host = GROUP_NAME_CHARS.sub("_", socket.gethostname())[:60]
-        _group = (pid, f"dashboard-{host}-{pid}-{secrets.token_hex(3)}")
-    return _group[1]
 
 
 def frame(kind: str, data: Any) -> str:

@@ -49,7 +49,7 @@ class PollRequest:
 
 @dataclass
 class PollResult:
-    group_frames: list[str] = field(default_factory=list)
+    broadcast: list[str] = field(default_factory=list)
     direct: dict[str, list[str]] = field(default_factory=dict)
     # (channel, execution id, its updated_at, the execution_output frame): sent only if the
     # channel is still subscribed when the poll's frames go out.
@@ -136,7 +136,7 @@ class LiveState:
         executions, more = self.executions.poll(sweep=sweep)
         result.more |= more
         for rows in chunks(executions):
-            result.group_frames.append(
+            result.broadcast.append(
                 frame("executions", LiveExecutionSerializer(rows, many=True).data)
             )
 
@@ -147,17 +147,17 @@ class LiveState:
             self._jobs_probe.ran(probe_started)
             result.more |= more
             for rows in chunks(jobs):
-                result.group_frames.append(frame("jobs", LiveJobSerializer(rows, many=True).data))
+                result.broadcast.append(frame("jobs", LiveJobSerializer(rows, many=True).data))
         deletions, more = self.deletions.poll(sweep=sweep)
         result.more |= more
         if deleted := _deleted_ids(deletions):
-            result.group_frames.append(frame("jobs_deleted", deleted))
+            result.broadcast.append(frame("jobs_deleted", deleted))
 
         cluster = cluster_payload()
         fingerprint = self._fingerprint(cluster)
         if fingerprint != self._cluster_fingerprint:
             self._cluster_fingerprint = fingerprint
-            result.group_frames.append(frame("cluster", cluster))
+            result.broadcast.append(frame("cluster", cluster))
 
         # Counts move when executions change, or with the clock alone (a pending row becomes late,
         # a failure leaves the last hour): recount on a change, else every COUNTS_IDLE_S.
@@ -170,7 +170,7 @@ class LiveState:
             self._counts_probe.ran(probe_started)
             if counts != self._counts:
                 self._counts = counts
-                result.group_frames.append(frame("counts", counts))
+                result.broadcast.append(frame("counts", counts))
 
         if request.subscriptions:
             self._outputs(request.subscriptions, result)

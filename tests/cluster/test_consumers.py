@@ -142,12 +142,12 @@ def test_frames_of_a_poll_during_the_snapshot_come_after_it(
     delivered = threading.Event()
 
     def slow_snapshot() -> list[str]:
+        polls = live_poller.stats.polls
         execution = job_trigger(job_id=job.pk, by=SYSTEM)
         deadline = time.monotonic() + 2
         # Until a poll has read the new run (the poller runs on the event loop, this in a thread).
         while time.monotonic() < deadline and not delivered.is_set():
-            poller = live_poller._poller
-            if poller is not None and poller.polls >= 2:
+            if live_poller.stats.polls >= polls + 2:
                 delivered.set()
             time.sleep(0.02)
         assert execution.pk

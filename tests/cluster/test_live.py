@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
@@ -142,7 +141,7 @@ def test_seed_counts_the_lookback_window_as_sent_and_recent_reads_it() -> None:
 
 
 def frames_of(result: live_state.PollResult) -> dict[str, Any]:
-    decoded = [json.loads(text) for text in result.group_frames]
+    decoded = [json.loads(text) for text in result.broadcast]
     by_type: dict[str, Any] = {}
     for message in decoded:
         assert set(message) == {"type", "data", "ts"}
@@ -321,20 +320,34 @@ def test_recheck_closes_ended_sessions_and_users_without_access(
     }
 
 
-def test_group_name_is_a_valid_channels_group_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(live_protocol.socket, "gethostname", lambda: "wéird host/" + "x" * 200)
-    monkeypatch.setattr(live_protocol, "_group", None)
-    name = live.group_name()
-    get_channel_layer().require_valid_group_name(name)
-    assert name == live.group_name()  # stable within the process
-    assert name.startswith("dashboard-w_ird_host_xxx")
-
-
 # --- the poller -------------------------------------------------------------------------------------
 
 
 def live_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("dashboard-live")]
+
+
+class Sink:
+    """A dashboard as the poller sees it: what it is sent, in order, frames decoded."""
+
+    def __init__(self) -> None:
+        self.received: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def deliver(self, frames: list[str]) -> None:
+        for text in frames:
+            self.received.put_nowait(json.loads(text))
+
+    async def revoke(self, code: int) -> None:
+        self.received.put_nowait({"type": "<close>", "code": code})
+
+    async def register(self, channel: str, user_id: Any, session_key: str | None) -> None:
+        await live.register(
+            channel,
+            user_id=user_id,
+            session_key=session_key,
+            deliver=self.deliver,
+            revoke=self.revoke,
+        )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -367,10 +380,8 @@ def test_poller_keeps_going_after_a_failed_poll_and_stops_with_its_last_client(
     monkeypatch.setattr(live_state.LiveState, "poll", flaky_poll)
 
     async def body() -> None:
-        layer = get_channel_layer()
-        channel = await layer.new_channel()
-        await layer.group_add(live.group_name(), channel)
-        await live.register(channel, user_id=user.pk, session_key=session_key)
+        sink = Sink()
+        await sink.register("tab-1", user.pk, session_key)
         try:
             assert live.is_running()
             await database_sync_to_async(job_update)(
@@ -379,16 +390,13 @@ def test_poller_keeps_going_after_a_failed_poll_and_stops_with_its_last_client(
             deadline = time.monotonic() + 3
             received = []
             while time.monotonic() < deadline:
-                message = await asyncio.wait_for(layer.receive(channel), timeout=3)
-                assert message["type"] == "live.frames"
-                received.extend(json.loads(text) for text in message["frames"])
+                received.append(await asyncio.wait_for(sink.received.get(), timeout=3))
                 if any(m["type"] == "jobs" and m["data"][0]["version"] == 2 for m in received):
                     break
             else:
                 raise AssertionError(f"no jobs frame; got {received}")
         finally:
-            await layer.group_discard(live.group_name(), channel)
-            await live.unregister(channel)
+            await live.unregister("tab-1")
         assert not live.is_running()
 
     async_to_sync(body)()
@@ -411,13 +419,12 @@ def test_revoked_client_gets_a_close_message(make_user: Callable[..., Any], sett
     user.groups.clear()
 
     async def body() -> None:
-        layer = get_channel_layer()
-        channel = await layer.new_channel()
-        await live.register(channel, user_id=user.pk, session_key=session_key)
+        sink = Sink()
+        await sink.register("tab-1", user.pk, session_key)
         try:
             while True:
-                message = await asyncio.wait_for(layer.receive(channel), timeout=2)
-                if message["type"] == "live.revoke":
+                message = await asyncio.wait_for(sink.received.get(), timeout=2)
+                if message["type"] == "<close>":
                     break
             assert message["code"] == live.CLOSE_FORBIDDEN
         finally:
