@@ -34,6 +34,7 @@ RING_SPACING_S = 0.02  # one process publishes at most this often; changes in be
 LISTEN_POLL_S = 0.25  # how often the listener looks at its stop flag while no ring comes
 RECONNECT_S = 1.0
 ERROR_LOG_EVERY_S = 60.0
+RETRY_AFTER_ERROR_S = 1.0
 
 
 def enabled() -> bool:
@@ -50,7 +51,6 @@ class Ringer:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._logged_at = float("-inf")
-        self.rings = 0  # published (for tests and the W5 benchmark)
 
     def ring(self) -> None:
         self._wanted.set()
@@ -67,8 +67,9 @@ class Ringer:
         while True:
             self._wanted.wait()
             self._wanted.clear()
-            self._send()
-            time.sleep(RING_SPACING_S)
+            # While Redis is unreachable a ring is useless: try again a second later, not 50
+            # times a second (each failure is also logged by the backend).
+            time.sleep(RING_SPACING_S if self._send() else RETRY_AFTER_ERROR_S)
 
     def flush(self) -> None:
         """At exit: a ring still wanted goes out now (a CLI that commits and exits at once)."""
@@ -76,19 +77,20 @@ class Ringer:
             self._wanted.clear()
             self._send()
 
-    def _send(self) -> None:
+    def _send(self) -> bool:
         try:
             self._publish()
-            self.rings += 1
         except Exception as exc:  # a ring is an optimisation: the feed polls anyway
             now = time.monotonic()
             if now - self._logged_at >= ERROR_LOG_EVERY_S:
                 self._logged_at = now
                 logger.warning("could not ring the live feed's doorbell: %s", exc)
+            return False
+        return True
 
 
 def _publish_ring() -> None:
-    wake._get_publisher().publish(LIVE_CHANNEL, "")
+    wake.publisher().publish(LIVE_CHANNEL, "")
 
 
 ringer = Ringer(_publish_ring)
@@ -142,7 +144,7 @@ class Listener:
             self._stop.wait(RECONNECT_S)
 
     def _listen(self) -> None:
-        backend = self._backend or wake._get_publisher()
+        backend = self._backend or wake.publisher()
         pubsub = backend.client.pubsub()
         try:
             pubsub.subscribe(backend.channel_key(LIVE_CHANNEL))

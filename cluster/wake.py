@@ -17,7 +17,8 @@ _publisher: Any = None
 _publisher_lock = threading.Lock()
 
 
-def _get_publisher() -> Any:
+def publisher() -> Any:
+    """This process's Redis client for wake-ups and the live feed's doorbell (made on first use)."""
     global _publisher
     with _publisher_lock:
         if _publisher is None:
@@ -37,6 +38,6 @@ def wake_nodes(**payload: Any) -> None:
     if payload.get("status") not in (None, "pending"):
         return
     try:
-        _get_publisher().publish(WAKE_CHANNEL, "changed")
+        publisher().publish(WAKE_CHANNEL, "changed")
     except Exception as exc:  # a wake-up is an optimisation: nodes poll anyway
         logger.warning("could not publish a wake-up: %s", exc)
