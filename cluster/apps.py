@@ -45,10 +45,10 @@ class ClusterConfig(AppConfig):
         connection_created.connect(_log_new_connection, dispatch_uid="cluster-log-connection")
 
         from cluster import doorbell
-        from cluster.wake import wake_nodes
+        from cluster.wake import wake_for_executions, wake_nodes
         from jobs import events
 
         events.job_changed.connect(wake_nodes, dispatch_uid="cluster-wake-job")
-        events.execution_changed.connect(wake_nodes, dispatch_uid="cluster-wake-execution")
+        events.executions_changed.connect(wake_for_executions, dispatch_uid="cluster-wake-runs")
         events.job_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-job")
-        events.execution_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-execution")
+        events.executions_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-runs")

@@ -98,7 +98,7 @@ atexit.register(ringer.flush)
 
 
 def ring(**_payload: Any) -> None:
-    """Ring after a commit (a receiver of jobs.events.job_changed / execution_changed, which are
+    """Ring after a commit (a receiver of jobs.events.job_changed / executions_changed, which are
     sent after commit, and called by nodes when a term begins or ends)."""
     if enabled():
         ringer.ring()

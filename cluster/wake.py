@@ -30,14 +30,19 @@ def publisher() -> Any:
         return _publisher
 
 
-def wake_nodes(**payload: Any) -> None:
-    """Receiver of jobs.events.job_changed / execution_changed (sent after commit). Only changes
-    that give a node something new to do wake them: job edits and new pending runs."""
+def wake_nodes(**_payload: Any) -> None:
+    """Receiver of jobs.events.job_changed (sent after commit): a job edited, created, paused or
+    triggered may give a node something new to do."""
     if settings.SCHEDULER_COORDINATION != "redis":
-        return
-    if payload.get("status") not in (None, "pending"):
         return
     try:
         publisher().publish(WAKE_CHANNEL, "changed")
     except Exception as exc:  # a wake-up is an optimisation: nodes poll anyway
         logger.warning("could not publish a wake-up: %s", exc)
+
+
+def wake_for_executions(*, changes: list[Any], **_payload: Any) -> None:
+    """Receiver of jobs.events.executions_changed (sent after commit): only new pending runs give
+    a node something new to do; one wake-up for all of them."""
+    if any(change.status == "pending" for change in changes):
+        wake_nodes()

@@ -6,15 +6,23 @@ push updates. A receiver never sees a state that the database rolled back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import transaction
 from django.dispatch import Signal
 
+
+class ExecutionChange(NamedTuple):
+    execution_id: int
+    job_id: int
+    status: str
+
+
 # kwargs: job_id (int), change (str: created, updated, deleted, paused, resumed, triggered)
 job_changed = Signal()
-# kwargs: execution_id (int), job_id (int), status (str)
-execution_changed = Signal()
+# kwargs: changes (list[ExecutionChange]): the executions one transaction changed, sent once for
+# all of them (a batch of 500 claimed or finished runs is one signal, not 500).
+executions_changed = Signal()
 
 
 def send_after_commit(signal: Signal, **payload: Any) -> None:

@@ -407,10 +407,10 @@ def received():
         calls.append({k: v for k, v in payload.items() if k != "signal"})
 
     events.job_changed.connect(receiver, weak=False)
-    events.execution_changed.connect(receiver, weak=False)
+    events.executions_changed.connect(receiver, weak=False)
     yield calls
     events.job_changed.disconnect(receiver)
-    events.execution_changed.disconnect(receiver)
+    events.executions_changed.disconnect(receiver)
 
 
 @pytest.mark.django_db
