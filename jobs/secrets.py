@@ -88,8 +88,22 @@ def _replace_references(value: Any, replace: Callable[[Any], Any]) -> Any:
 def referenced(value: Any) -> set[str]:
     """The secret names ``value`` refers to."""
     names: set[str] = set()
-    _replace_references(value, lambda name: names.add(name) if isinstance(name, str) else None)
+    _collect_references(value, names)
     return names
+
+
+def _collect_references(value: Any, names: set[str]) -> None:
+    """(A walk that copies nothing: every run's arguments are looked at.)"""
+    if is_reference(value):
+        name = value.get(REFERENCE_KEY)
+        if isinstance(name, str):
+            names.add(name)
+    elif isinstance(value, dict):
+        for child in value.values():
+            _collect_references(child, names)
+    elif isinstance(value, list):
+        for child in value:
+            _collect_references(child, names)
 
 
 def names_a_credential(key: str) -> bool:
@@ -153,6 +167,8 @@ def lookup(name: str) -> str:
 def resolve_call(args: list, kwargs: dict) -> tuple[list, dict, list[str]]:
     """The call's arguments with their secrets, and the secret values revealed (to ``scrub``
     from what the run records)."""
+    # Always copies: a task that changes its arguments must not change its job's (a job's
+    # definition is shared by the runs a node claims).
     found = {name: lookup(name) for name in sorted(referenced(args) | referenced(kwargs))}
     return (
         _replace_references(args, found.__getitem__),

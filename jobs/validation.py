@@ -295,9 +295,11 @@ def clean_enqueued_run(
     )
     # A run may use only the secrets its job (defined by an admin) already uses: enqueueing is an
     # operator's right, and an operator must not be able to have any node secret printed.
-    allowed = secrets.referenced(job_args) | secrets.referenced(job_kwargs)
     for field, value in (("args", args), ("kwargs", kwargs)):
-        foreign = sorted(secrets.referenced(value) - allowed)
+        wanted = secrets.referenced(value)
+        if not wanted:
+            continue
+        foreign = sorted(wanted - secrets.referenced(job_args) - secrets.referenced(job_kwargs))
         if foreign:
             errors.add(field, ERR_FOREIGN_SECRET.format(names=", ".join(foreign)))
     run_at = _datetime(errors, "run_at", item.get("run_at"))

@@ -153,7 +153,6 @@ class Executor:
         self.claiming = True
         # Why the last claim pass took nothing (None when it claimed, or failed).
         self.idle_reason: str | None = None
-        self._last_claim_found = False
         # Claim token prefixes of claims in flight (their rows are not tracked yet).
         self._claims_in_flight: set[str] = set()
         # Runs this node made active (their bodies may have started), newest last.
@@ -255,7 +254,6 @@ class Executor:
             horizon=now + timedelta(seconds=self.lookahead_s),
             now=now,
             start_now=self._startable_at_claim,
-            look_first=not self._last_claim_found,
             prefix=prefix,
         )
         node_metrics.claim(len(claimed), time.monotonic() - began)
@@ -269,7 +267,6 @@ class Executor:
                     end=claim_end,
                     attributes={"scheduler.node": self.node_id, "scheduler.batch": len(claimed)},
                 )
-        self._last_claim_found = bool(claimed)
         if not claimed:
             self.idle_reason = "nothing due"
             return 0
@@ -784,17 +781,10 @@ class Executor:
                 run.process.join(PROCESS_REAP_S)  # reap it: no zombie left behind
             body_ended = body_ended or not run.process.is_alive()
         lock = self._take_lock(run) if body_ended else None
+        # Metrics and spans are recorded by the finisher's thread (``_written``): a body's thread
+        # does as little as it can after the task returns, for the bodies due at the same instant
+        # still waiting for the interpreter to start theirs.
         self.finisher.put(outcome)
-        if tracing.enabled():
-            self._trace_run(outcome)
-        node_metrics.outcome(
-            run.execution.job.name,
-            outcome.status,
-            None if outcome.started is None else outcome.started - run.due,
-            None
-            if outcome.started is None or outcome.ended is None
-            else outcome.ended - outcome.started,
-        )
         if lock is not None:
             self._release_lock(lock)
         # Room again (an outcome waiting for the finisher counts only beyond a budget): the
@@ -810,7 +800,8 @@ class Executor:
         return lock
 
     def _written(self, batch: list[Outcome]) -> None:
-        """The finisher wrote (or gave up on) ``batch``: its locks go, its capacity frees."""
+        """The finisher wrote (or gave up on) ``batch``: its locks go, its capacity frees; its
+        metrics and spans are recorded."""
         for outcome in batch:
             lock = self._take_lock(outcome.run)
             if lock is not None:
@@ -819,6 +810,18 @@ class Executor:
             self._unwritten -= len(batch)
             self._finishing.difference_update(o.run.execution.pk for o in batch)
         self.on_room()
+        traced = tracing.enabled()
+        for outcome in batch:
+            run = outcome.run
+            started, ended = outcome.started, outcome.ended
+            node_metrics.outcome(
+                run.execution.job.name,
+                outcome.status,
+                None if started is None else started - run.due,
+                None if started is None or ended is None else ended - started,
+            )
+            if traced:
+                self._trace_run(outcome)
 
     def _release_lock(self, watchdog: LockWatchdog) -> None:
         self.keeper.release(watchdog)

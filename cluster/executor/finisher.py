@@ -37,6 +37,8 @@ FINISH_RETRY_S = 60.0
 # finisher's transactions from competing with the bodies still starting. Locks and capacity do
 # not wait for it (both are given back when the body ends).
 FINISH_GATHER_S = 0.02
+# How often the finisher looks whether a batch filled while it gathers (seconds).
+FINISH_GATHER_STEP_S = 0.005
 
 
 # A running run's output is saved as it grows, so viewers see it stream: the first line at once,
@@ -77,18 +79,15 @@ class Finisher:
                 first = self._queue.get(timeout=OUTPUT_POLL_S / 2)
             except queue.Empty:
                 continue
-            batch = [first, *self._take(FINISH_BATCH - 1)]
+            # Gathered by looking now and then, not by waiting on the queue: a waiting finisher
+            # would be woken by every outcome put (a thread switch per run).
             gather_until = self.clock.monotonic() + FINISH_GATHER_S
-            while len(batch) < FINISH_BATCH and not stop.is_set():
+            while self._queue.qsize() < FINISH_BATCH - 1 and not stop.is_set():
                 left = gather_until - self.clock.monotonic()
                 if left <= 0:
                     break
-                try:
-                    batch.append(self._queue.get(timeout=left))
-                except queue.Empty:
-                    break
-                batch += self._take(FINISH_BATCH - len(batch))
-            self.write(batch)
+                stop.wait(min(left, FINISH_GATHER_STEP_S))
+            self.write([first, *self._take(FINISH_BATCH - 1)])
 
     def stream_outputs(self, *, force: bool = False) -> int:
         """Save the output so far of running runs that wrote more since it was last saved (at

@@ -176,7 +176,6 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
     stdout = install_output_capture()
     _wait_for_start(host.clock, run)
     if not host.may_start(run):
-        connection.close()
         return
     if job.timeout_seconds:
         run.deadline = host.clock.monotonic() + job.timeout_seconds
@@ -222,10 +221,7 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
         outcome.error = secrets.scrub(outcome.error, revealed)
         outcome.tb = secrets.scrub(outcome.tb, revealed)
         outcome.output = secrets.scrub(outcome.output, revealed)
-    try:
-        host.complete(outcome, body_ended=True)
-    finally:
-        connection.close()
+    host.complete(outcome, body_ended=True)
 
 
 def body_in_process(host: RunHost, run: ActiveRun) -> None:
