@@ -210,11 +210,13 @@ class JobExecution(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "queue", "run_after"], name="execution_claim_idx"),
-            # The claim's own order (priority first, then due time): a claim reads, and under
-            # SKIP LOCKED locks, only the rows it takes, not the whole backlog it would sort.
+            # The claim's own range (unclaimed pending rows of a queue) in its own order (priority
+            # first, then due time): a claim reads, and under SKIP LOCKED locks, only the rows it
+            # takes, neither the whole backlog it would sort nor the rows already claimed ahead
+            # of their instant (with claim_token after the key, every claim stepped over those).
             models.Index(
-                fields=["status", "queue", "-priority", "run_after", "id"],
-                name="execution_claim_order_idx",
+                fields=["status", "queue", "claim_token", "-priority", "run_after", "id"],
+                name="execution_unclaimed_idx",
             ),
             models.Index(fields=["status", "node"], name="execution_node_idx"),
             models.Index(fields=["job", "status"], name="execution_job_status_idx"),

@@ -25,7 +25,7 @@ from jobs.executions import (
     start_batch,
 )
 from jobs.models import Job, JobExecution, Trigger
-from jobs.services import SYSTEM, job_create
+from jobs.services import SYSTEM, job_create, job_pause, job_update
 from jobs.states import ExecutionStatus
 
 S = ExecutionStatus
@@ -419,10 +419,13 @@ def test_batch_writes_announce_each_execution_once_after_commit(
     claimed = claim()
     heard: list[tuple[int, str]] = []
 
-    def receiver(sender, execution_id, job_id, status, **kwargs):
-        heard.append((execution_id, status))
+    signals: list[int] = []
 
-    events.execution_changed.connect(receiver, weak=False)
+    def receiver(sender, changes, **kwargs):
+        signals.append(len(changes))
+        heard.extend((change.execution_id, change.status) for change in changes)
+
+    events.executions_changed.connect(receiver, weak=False)
     try:
         with django_capture_on_commit_callbacks(execute=False) as hooks:
             start_batch(claimed, planned=timezone.now())
@@ -434,8 +437,9 @@ def test_batch_writes_announce_each_execution_once_after_commit(
         with django_capture_on_commit_callbacks(execute=True):
             finish_batch([(e, {"status": S.SUCCEEDED}) for e in claimed], now=timezone.now())
         assert sorted(heard) == sorted((e.pk, S.SUCCEEDED) for e in claimed)
+        assert signals == [3, 3]  # one signal per batch, not one per execution
     finally:
-        events.execution_changed.disconnect(receiver)
+        events.executions_changed.disconnect(receiver)
 
 
 def test_start_batch_starts_the_claimed_rows_and_not_one_cancelled_meanwhile():
@@ -584,23 +588,143 @@ def test_backoff_jitter_stays_within_fifty_to_a_hundred_percent():
         assert max(delays) - min(delays) > 0.25 * full  # it does jitter
 
 
-def test_a_claimer_in_a_backlog_skips_the_look_for_due_rows_where_skip_locked_exists():
-    """The look (one round trip) saves an empty write transaction when nothing is due; a claimer
-    that has just found rows skips it, except on SQLite, where a write transaction takes the one
-    database-wide lock."""
+def test_a_claim_that_finds_nothing_is_one_read_and_no_transaction():
+    """Most polls find nothing: they cost one read, and on SQLite take no write lock."""
+    make_job(concurrency_policy="allow")
+    with CaptureQueriesContext(connection) as queries:
+        assert claim() == []
+    assert [q["sql"].split()[0] for q in queries] == ["SELECT"]
+
+
+def test_a_claim_costs_the_same_statements_whatever_its_size():
+    """The claim's cost is per batch, not per row: the statements of a claim of 1 and of 40 are
+    the same (the candidates, the rows, their jobs' versions, one UPDATE per kind of claim)."""
     job = make_job(concurrency_policy="allow")
-    add_execution(job, slot=timezone.now() - SECOND)
-    for look_first in (True, False):
+    now = timezone.now()
+
+    def statements(count: int, offset: int) -> list[str]:
+        for index in range(count):
+            add_execution(job, slot=now - SECOND - (offset + index) * MICROSECOND)
         with CaptureQueriesContext(connection) as queries:
             rows = claim_batch(
                 node_id=NODE,
                 queues=["default"],
-                limit=10,
+                limit=count,
                 horizon=timezone.now() + SECOND,
                 now=timezone.now(),
-                look_first=look_first,
+                start_now=lambda claimed: claimed[: len(claimed) // 2],
             )
-        looked = any(" LIMIT 1" in q["sql"] and "FOR UPDATE" not in q["sql"] for q in queries)
-        skip_locked = connection.features.has_select_for_update_skip_locked
-        assert looked == (look_first or not skip_locked)
-        assert len(rows) == (1 if look_first else 0)
+        assert len(rows) == count
+        return [q["sql"].split()[0] for q in queries]
+
+    statements(1, 200)  # the job read once, then cached
+    assert statements(2, 0) == statements(40, 100)
+
+
+def test_claimed_rows_are_the_rows_the_orm_reads():
+    """The claim loads its rows with the engine's and the fields' own converters: every field of a
+    claimed execution equals what the ORM reads back (dates aware, JSON decoded, booleans)."""
+    job = make_job(concurrency_policy="allow")
+    slot = timezone.now() - SECOND
+    add_execution(
+        job,
+        slot=slot,
+        trigger=Trigger.ENQUEUE,
+        args=[1, "two", {"three": [3.5]}],
+        kwargs={"name": "ü", "flag": True, "none": None},
+        priority=7,
+        term=12,
+        reason="why",
+    )
+    add_execution(job, slot=slot - SECOND)
+
+    claimed = claim_batch(
+        node_id=NODE,
+        queues=["default"],
+        limit=5,
+        horizon=timezone.now() + SECOND,
+        now=timezone.now(),
+        start_now=lambda rows: rows[:1],
+    )
+
+    assert len(claimed) == 2
+    for execution in claimed:
+        stored = JobExecution.objects.get(pk=execution.pk)
+        for field in JobExecution._meta.concrete_fields:
+            if field.name == "updated_at":
+                continue  # stamped by the claim's statement, not read back
+            assert getattr(execution, field.attname) == getattr(stored, field.attname), field.name
+        assert execution.job == job
+        assert execution.job.concurrency_policy == "allow"
+    assert [e.status for e in claimed] == [S.RUNNING, S.PENDING]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_skips_rows_another_claimer_holds_and_takes_the_next_ones():
+    """MariaDB: a claimer holding the first rows (its claim not committed yet) does not stop
+    another: that one takes the next rows in claim order, and nothing twice."""
+    if not connection.features.has_select_for_update_skip_locked:
+        pytest.skip("SQLite serialises claimers on its write lock")
+    job = make_job(concurrency_policy="allow")
+    now = timezone.now()
+    rows = [add_execution(job, slot=now - (10 - i) * SECOND) for i in range(6)]
+    held = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:
+        try:
+            with transaction.atomic():
+                list(
+                    JobExecution.objects.select_for_update()
+                    .filter(pk__in=[rows[0].pk, rows[1].pk])
+                    .values_list("pk", flat=True)
+                )
+                held.set()
+                release.wait(THREAD_JOIN_TIMEOUT_S)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(THREAD_JOIN_TIMEOUT_S)
+        got = claim(limit=3)
+    finally:
+        release.set()
+        thread.join(THREAD_JOIN_TIMEOUT_S)
+
+    assert [e.pk for e in got] == [rows[2].pk, rows[3].pk, rows[4].pk]
+    rest = claim(limit=10)
+    assert sorted(e.pk for e in rest) == [rows[0].pk, rows[1].pk, rows[5].pk]
+
+
+def test_claims_read_a_job_again_only_when_its_row_changed():
+    """A claim takes its jobs from the process's cache while their rows are unchanged (one small
+    query), and reads a job again after any write of its row: an edit, a pause."""
+    job = make_job(concurrency_policy="allow", kwargs={})
+    now = timezone.now()
+
+    def claim_one(offset: int) -> tuple[JobExecution, list[str]]:
+        add_execution(job, slot=now - SECOND - offset * MICROSECOND)
+        with CaptureQueriesContext(connection) as queries:
+            [execution] = claim(limit=1)
+        return execution, [q["sql"] for q in queries]
+
+    first, _ = claim_one(0)
+    second, queries = claim_one(1)
+    assert second.job is first.job
+    assert not any("jobs_job" in q and "`name`" in q.replace('"', "`") for q in queries)
+
+    job_update(
+        job_id=job.pk,
+        expected_version=job.version,
+        changes={"timeout_seconds": 7, "concurrency_policy": "replace"},
+        by=SYSTEM,
+    )
+    third, _ = claim_one(2)
+    assert third.job is not first.job
+    assert (third.job.timeout_seconds, third.job.concurrency_policy) == (7, "replace")
+
+    job_pause(job_id=job.pk, by=SYSTEM)
+    fourth, _ = claim_one(3)
+    assert fourth.job.enabled is False

@@ -1121,13 +1121,13 @@ def test_a_drain_during_the_claim_gives_the_started_run_back(executor, monkeypat
 
 
 def test_a_start_that_fails_inside_the_claim_leaves_the_run_unclaimed(executor, monkeypatch):
-    """The claim and its start are one transaction: a database gone between the two writes
-    leaves the row as it was (claimable), nothing tracked, no capacity held."""
+    """The claim and its start are one transaction: a database gone after the claim's writes,
+    before its commit, leaves the row as it was (claimable), nothing tracked, no capacity held."""
 
-    def failing_start_batch(*args, **kwargs):
+    def failing_announce(*args, **kwargs):
         raise OperationalError("(2013, 'Lost connection to server during query')")
 
-    monkeypatch.setattr(executions, "start_batch", failing_start_batch)
+    monkeypatch.setattr(executions, "announce_many", failing_announce)
     execution = submit(make_job("cut", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW))
     with pytest.raises(OperationalError):
         executor.claim_once()
