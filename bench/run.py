@@ -28,6 +28,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.records import RecordCounter
 from cluster.verify.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,9 +332,7 @@ def w2(
                 by=services.SYSTEM,
             )
         last_submit = time.time()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and len(read_records(path)) < count:
-            time.sleep(0.05)
+        RecordCounter(path).wait_for(count, timeout_s)
     finally:
         nodes.stop()
     rows = read_records(path)

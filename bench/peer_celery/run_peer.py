@@ -48,6 +48,8 @@ from pathlib import Path
 
 import redis
 
+from bench.records import RecordCounter
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP = "bench.peer_celery.app"
 SCHEDULER = "bench.peer_celery.app:StampingRedBeatScheduler"
@@ -554,12 +556,7 @@ def analyse_w2(records, count: int, first_submit: float, last_submit: float) -> 
 
 def _wait_records(path: Path, prefix: str, n: int, timeout_s: float) -> int:
     """Bounded wait until ``n`` records whose job starts with ``prefix`` exist; returns the count."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        have = sum(1 for r in read_records(path) if r[0].startswith(prefix))
-        if have >= n or time.monotonic() > deadline:
-            return have
-        time.sleep(0.2)
+    return RecordCounter(path, prefix).wait_for(n, timeout_s)
 
 
 def run_w2(
