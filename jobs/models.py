@@ -209,11 +209,12 @@ class JobExecution(models.Model):
             models.CheckConstraint(name="execution_attempt_positive", condition=Q(attempt__gte=1)),
         ]
         indexes = [
-            models.Index(fields=["status", "queue", "run_after"], name="execution_claim_idx"),
             # The claim's own range (unclaimed pending rows of a queue) in its own order (priority
-            # first, then due time): a claim reads, and under SKIP LOCKED locks, only the rows it
-            # takes, neither the whole backlog it would sort nor the rows already claimed ahead
-            # of their instant (with claim_token after the key, every claim stepped over those).
+            # first, then due time): a claim reads only the rows it takes, neither the whole
+            # backlog it would sort nor the rows already claimed ahead of their instant. Every
+            # index with status in it changes with every run's every step (insert, claim,
+            # outcome): there is no other (an index on status, queue and run_after cost MariaDB
+            # 12% of its time in W2; retries due and late runs are found through this one).
             models.Index(
                 fields=["status", "queue", "claim_token", "-priority", "run_after", "id"],
                 name="execution_unclaimed_idx",

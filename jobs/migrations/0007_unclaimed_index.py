@@ -4,7 +4,8 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     """The claim's index gains claim_token after (status, queue): a claim's range is the unclaimed
-    rows only. The new index is built before the old one goes, so claims never lack one."""
+    rows only. The new index is built before the old ones go, so claims never lack one. The
+    (status, queue, run_after) index goes too: every run's every step changed it."""
 
     dependencies = [
         ("jobs", "0006_notifications"),
@@ -22,5 +23,9 @@ class Migration(migrations.Migration):
         migrations.RemoveIndex(
             model_name="jobexecution",
             name="execution_claim_order_idx",
+        ),
+        migrations.RemoveIndex(
+            model_name="jobexecution",
+            name="execution_claim_idx",
         ),
     ]
