@@ -95,8 +95,10 @@ def read_records(path: Path) -> list[tuple[str, float, int, float, int]]:
 
 
 class Environment:
-    def __init__(self, database_url: str, workdir: Path) -> None:
+    def __init__(self, database_url: str, workdir: Path, *, pin_cpus: bool = True) -> None:
         self.workdir = workdir
+        # Node i pinned to the i-th CPU in turn (runnode --cpus; see cluster.affinity).
+        self.cpus = sorted(os.sched_getaffinity(0)) if pin_cpus else []
         self.redis = RedisServer("bench", workdir)
         self.redis.start()
         self.database_url = database_url
@@ -184,6 +186,7 @@ class Nodes:
                     node_id,
                     "--capacity",
                     str(NODE_CAPACITY),
+                    *(["--cpus", str(env.cpus[(index - 1) % len(env.cpus)])] if env.cpus else []),
                 ],
                 cwd=ROOT,
                 env=node_env,
@@ -505,6 +508,11 @@ def main() -> None:
     parser.add_argument("--no-peer", action="store_true", help="skip the Celery peer")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave the nodes unpinned (by default node i runs with --cpus on the i-th CPU)",
+    )
+    parser.add_argument(
         "--hog",
         type=int,
         default=0,
@@ -515,10 +523,13 @@ def main() -> None:
     hog = CpuHog(args.hog) if args.hog else None
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
     workdir = Path(tempfile.mkdtemp(prefix="sched-bench-"))
-    env = Environment(database_url, workdir)
+    env = Environment(database_url, workdir, pin_cpus=not args.no_pin)
     results: dict[str, Any] = {
         "database": database_url.split("://")[0],
         "nodes": NODES,
+        "nodes_pinned_to_cpus": [env.cpus[i % len(env.cpus)] for i in range(NODES)]
+        if env.cpus
+        else None,
         "hog_processes": args.hog,
         "cpus": os.cpu_count(),
         "load_average_at_start": os.getloadavg(),

@@ -23,6 +23,10 @@ def _stop(done: threading.Event, sending: threading.Lock) -> None:
 def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) -> None:
     import django
 
+    from cluster import affinity
+
+    # The node may be pinned to one CPU; its task's own process is not (a CPU-bound task).
+    affinity.restore(meta.get("cpus"))
     django.setup()
     from cluster.executor.output import call_task
     from jobs import registry, secrets

@@ -22,6 +22,24 @@ def _queues(raw: str) -> list[str]:
     return [q.strip() for q in raw.split(",") if q.strip()]
 
 
+def cpu_list(raw: str) -> list[int]:
+    """``"0,2"`` -> [0, 2] (ValueError for anything but comma-separated CPU numbers)."""
+    return sorted({int(part) for part in raw.split(",") if part.strip()})
+
+
+def _cpus_problem(value: list[int]) -> str | None:
+    """Why a node cannot pin itself to these CPUs (cluster.affinity), None if it can."""
+    if not value:
+        return None
+    if not hasattr(os, "sched_getaffinity"):
+        return "CPU pinning is not supported on this platform"
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(value) - allowed)
+    if missing:
+        return f"CPUs {missing} are not available to this process (it may use {sorted(allowed)})"
+    return None
+
+
 # key: (default, parse from the environment's text, check -> error text or None)
 KNOBS: dict[str, tuple[Any, Callable[[str], Any], Callable[[Any], str | None]]] = {
     "CAPACITY": (8, int, lambda v: None if v >= 1 else "must be at least 1"),
@@ -35,6 +53,8 @@ KNOBS: dict[str, tuple[Any, Callable[[str], Any], Callable[[Any], str | None]]] 
     "DRAIN_GRACE_S": (30.0, float, lambda v: None if v >= 0 else "must not be negative"),
     "METRICS_PORT": (0, int, lambda v: None if 0 <= v <= 65535 else "must be 0 (off) or a port"),
     "METRICS_HOST": ("0.0.0.0", str, lambda v: None if v else "must not be empty"),  # noqa: S104
+    # [] (default): not pinned; see cluster.affinity.
+    "CPUS": ([], cpu_list, _cpus_problem),
 }
 
 

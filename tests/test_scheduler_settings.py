@@ -21,6 +21,7 @@ def test_the_defaults_are_the_documented_ones():
         250,
     )
     assert knobs["METRICS_PORT"] == 0
+    assert knobs["CPUS"] == []  # not pinned
 
 
 def test_variables_override_the_defaults():
@@ -31,8 +32,10 @@ def test_variables_override_the_defaults():
             "SCHEDULER_HEARTBEAT_S": "1",
             "SCHEDULER_DEAD_AFTER_S": "5",
             "SCHEDULER_METRICS_PORT": "9100",
+            "SCHEDULER_CPUS": "0",
         }
     )
+    assert knobs["CPUS"] == [0]
     assert knobs["CAPACITY"] == 32 and knobs["QUEUES"] == ["default", "reports"]
     assert (knobs["HEARTBEAT_S"], knobs["DEAD_AFTER_S"], knobs["METRICS_PORT"]) == (1.0, 5.0, 9100)
 
@@ -46,6 +49,8 @@ def test_variables_override_the_defaults():
         ({"SCHEDULER_METRICS_PORT": "70000"}, "SCHEDULER_METRICS_PORT"),
         ({"SCHEDULER_DEAD_AFTER_S": "1"}, "DEAD_AFTER_S must exceed two HEARTBEAT_S"),
         ({"SCHEDULER_RENEW_DEADLINE_MS": "2000"}, "RENEW_DEADLINE_MS must be below LEASE_TTL_MS"),
+        ({"SCHEDULER_CPUS": "0,x"}, "SCHEDULER_CPUS='0,x': not a cpu_list"),
+        ({"SCHEDULER_CPUS": "4096"}, "SCHEDULER_CPUS='4096': CPUs [4096] are not available"),
     ],
 )
 def test_a_bad_value_stops_the_settings_naming_it(environ, needle):
@@ -61,6 +66,8 @@ def test_a_bad_value_stops_the_settings_naming_it(environ, needle):
         (["--metrics-port", "70000"], "--metrics-port"),
         (["--renew-deadline-ms", "2500"], "RENEW_DEADLINE_MS must be below LEASE_TTL_MS"),
         (["--heartbeat-s", "1.5"], "DEAD_AFTER_S must exceed two HEARTBEAT_S"),
+        (["--cpus", "one"], "--cpus: 'one' is not a comma-separated list of CPU numbers"),
+        (["--cpus", "4096"], "--cpus: CPUs [4096] are not available to this process"),
     ],
 )
 def test_runnode_flags_are_checked_like_the_settings_exit_2(argv, needle):

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from django.db import connection
 
+from cluster import affinity
 from cluster.child import run_task
 from cluster.clock import Clock
 from cluster.executor.output import call_task, install_output_capture, task_context
@@ -234,6 +235,7 @@ def body_in_process(host: RunHost, run: ActiveRun) -> None:
         "job_name": job.name,
         "attempt": execution.attempt,
         "scheduled_for": execution.scheduled_for,
+        "cpus": affinity.unpinned(),
     }
     args, kwargs = execution.call_arguments()
     process = ctx.Process(

@@ -46,3 +46,10 @@ def hang(pid_file: str, seconds: float = 3600) -> None:
 @task("test.fail")
 def fail(message: str = "boom") -> None:
     raise RuntimeError(message)
+
+
+@task("test.cpus")
+def cpus(path: str) -> None:
+    """Write the CPUs this (process-isolated) run may use."""
+    with open(path, "w") as handle:
+        handle.write(",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0))))

@@ -67,6 +67,16 @@ def _free(port: int) -> bool:
     return True
 
 
+def pinned_to(pid: int) -> set[str]:
+    """The CPUs the threads of ``pid`` may use, as the kernel lists them."""
+    return {
+        line.split()[1]
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for line in (task / "status").read_text().splitlines()
+        if line.startswith("Cpus_allowed_list:")
+    }
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -103,6 +113,7 @@ def test_a_crashed_node_is_restarted_and_a_drained_one_stays_down(tmp_path):
                 "2",
                 "--metrics-port",
                 str(metrics),
+                "--pin-cpus",
             ],
             cwd=ROOT,
             env=env,
@@ -116,6 +127,10 @@ def test_a_crashed_node_is_restarted_and_a_drained_one_stays_down(tmp_path):
             # Each node serves its probes on --metrics-port + its index.
             wait_for(lambda: answers(metrics + 1, "/health/ready"), 30)
             wait_for(lambda: answers(metrics + 2, "/health/ready"), 30)
+            # --pin-cpus: node i on the i-th CPU, in turn.
+            cpus = sorted(os.sched_getaffinity(0))
+            for index in (1, 2):
+                assert pinned_to(int(pids[f"node-{index}"])) == {str(cpus[(index - 1) % len(cpus)])}
 
             os.kill(int(pids["node-1"]), signal.SIGKILL)
             restarted = wait_for(

@@ -11,6 +11,7 @@ server dying, or the port being taken at start, exits 1 with a one-line message.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -76,9 +77,21 @@ class Command(BaseCommand):
             default=0,
             help="Node i serves its metrics and probes on this port + i, on --host (0: none)",
         )
+        parser.add_argument(
+            "--pin-cpus",
+            action="store_true",
+            help="Pin node i to one CPU, the CPUs taken in turn (runnode --cpus)",
+        )
 
     def handle(
-        self, *args: Any, host: str, port: int, nodes: int, metrics_port: int = 0, **_: Any
+        self,
+        *args: Any,
+        host: str,
+        port: int,
+        nodes: int,
+        metrics_port: int = 0,
+        pin_cpus: bool = False,
+        **_: Any,
     ) -> None:
         if not port_is_free(host, port):
             raise CommandError(ERR_PORT_TAKEN.format(port=port, host=host))
@@ -104,6 +117,11 @@ class Command(BaseCommand):
             ],
         )
         workers: list[Supervised] = []
+        if pin_cpus and not hasattr(os, "sched_getaffinity"):
+            raise CommandError(
+                "--pin-cpus: CPU pinning is not supported on this platform", returncode=2
+            )
+        cpus = sorted(os.sched_getaffinity(0)) if pin_cpus else []
         if "runnode" in get_commands():
             workers = [
                 Supervised(
@@ -118,7 +136,8 @@ class Command(BaseCommand):
                         ]
                         if metrics_port
                         else []
-                    ),
+                    )
+                    + (["--cpus", str(cpus[(index - 1) % len(cpus)])] if pin_cpus else []),
                 )
                 for index in range(1, nodes + 1)
             ]

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from cluster import node_metrics, tracing
+from cluster import affinity, node_metrics, tracing
 from cluster.apps import limit_idle_transactions
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
@@ -47,6 +47,7 @@ FLAGS = {
     "DRAIN_GRACE_S": "grace",
     "METRICS_PORT": "metrics_port",
     "METRICS_HOST": "metrics_host",
+    "CPUS": "cpus",
 }
 ERR_IDLE_TIMEOUT = (
     "SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S={idle} must be below the renew deadline "
@@ -98,12 +99,26 @@ class Command(BaseCommand):
             "Serve this node's /metrics, /health/live and /health/ready on this port (0: off)",
         )
         knob("--metrics-host", "METRICS_HOST", str, "Address for --metrics-port")
+        knob(
+            "--cpus",
+            "CPUS",
+            str,
+            "Pin this node's threads to these CPUs, e.g. 0 or 0,1 (see cluster.affinity; "
+            "empty: not pinned)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             given = {key: options.get(name) for key, name in FLAGS.items()}
             if given["QUEUES"] is not None:
                 given["QUEUES"] = [q.strip() for q in given["QUEUES"].split(",") if q.strip()]
+            if given["CPUS"] is not None:
+                try:
+                    given["CPUS"] = scheduler_settings.cpu_list(given["CPUS"])
+                except ValueError:
+                    raise ValueError(
+                        f"--cpus: {given['CPUS']!r} is not a comma-separated list of CPU numbers"
+                    ) from None
             knobs = scheduler_settings.with_overrides(settings.SCHEDULER, given)
             config = NodeConfig(
                 node_id=options["node_id"],
@@ -126,6 +141,8 @@ class Command(BaseCommand):
                 )
         except ValueError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        # Before any thread of the node starts: they all inherit it.
+        affinity.pin(knobs["CPUS"])
         set_process_context(node=config.node_id)  # on every log line of this process
         try:
             tracing.configure(config.node_id)
