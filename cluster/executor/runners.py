@@ -171,10 +171,23 @@ def _wait_for_start(clock: Clock, run: ActiveRun) -> None:
 
 
 def body_in_thread(host: RunHost, run: ActiveRun) -> None:
-    """Wait for the due instant, run the task in this thread, queue the outcome."""
+    """Wait for the due instant, run the task in this thread, queue the outcome.
+
+    What needs no instant is done before it (the task looked up, its arguments copied and their
+    secrets resolved; a failure there is the run's failure once it may start): at a whole second
+    every body due then waits for the interpreter, and each does the least it can between the
+    gate and its task."""
     job = run.execution.job
     context = run.context = task_context(run.execution, run.cancel_event)
     stdout = install_output_capture()
+    revealed: list[str] = []
+    unready: BaseException | None = None  # raised as the task's own failure once it may start
+    try:
+        spec = registry.get_task(job.task)
+        args, kwargs, revealed = secrets.resolve_call(*run.execution.call_arguments())
+    except Exception as exc:
+        unready = exc
+    run.revealed = revealed
     _wait_for_start(host.clock, run)
     if not host.may_start(run):
         return
@@ -182,12 +195,10 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
         run.deadline = host.clock.monotonic() + job.timeout_seconds
     stdout.attach(context)
     started = host.clock.now()
-    revealed: list[str] = []
     try:
         try:
-            spec = registry.get_task(job.task)
-            args, kwargs, revealed = secrets.resolve_call(*run.execution.call_arguments())
-            run.revealed = revealed
+            if unready is not None:
+                raise unready
             value = call_task(spec, args, kwargs, context)
         finally:
             stdout.detach()  # the last, unterminated line belongs to the outcome's output
