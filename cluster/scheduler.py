@@ -336,9 +336,9 @@ def reap_dead_nodes(
         gone = [*dead, *stopped_with_work]
         if gone:
             running = list(
-                JobExecution.objects.select_related("job").filter(
-                    node__in=gone, status=ExecutionStatus.RUNNING
-                )
+                JobExecution.objects.select_related("job")
+                .filter(node__in=gone, status=ExecutionStatus.RUNNING)
+                .order_by("pk")  # not the default (by slot): MariaDB walked the table for it
             )
             for execution in running:
                 reason = REASON_NODE_DIED if execution.node in dead else REASON_NODE_STOPPED
@@ -351,9 +351,9 @@ def reap_dead_nodes(
                     result.lost += 1
             result.unclaimed = executions.hand_back_nodes(gone)
         stuck = list(
-            JobExecution.objects.select_related("job").filter(
-                status=ExecutionStatus.RUNNING, job__timeout_seconds__isnull=False
-            )
+            JobExecution.objects.select_related("job")
+            .filter(status=ExecutionStatus.RUNNING, job__timeout_seconds__isnull=False)
+            .order_by("pk")
         )
         for execution in stuck:
             limit = timedelta(seconds=execution.job.timeout_seconds) + dead_after

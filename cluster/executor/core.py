@@ -365,7 +365,9 @@ class Executor:
                 if executions.claim_prefix_of(row.claim_token) not in in_flight
             ]
 
-        mine = JobExecution.objects.select_related("job").filter(node=self.node_id)
+        # No order: the model's default (by fire slot) let MariaDB walk the whole table along the
+        # (job, slot, attempt) index instead of taking this node's rows from (status, node).
+        mine = JobExecution.objects.select_related("job").filter(node=self.node_id).order_by()
         claims = untracked(
             mine.filter(status=S.PENDING, claim_token__isnull=False, claimed_at__lt=cutoff)
         )
