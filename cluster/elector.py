@@ -40,6 +40,8 @@ ERR_JITTER = "jitter_factor must be in [0, 1), got {value!r}"
 
 # How many renewals per lease TTL: two may fail and be retried before the renew deadline.
 RENEWALS_PER_TTL = 3
+# A renewal that used more than half the room left for retries is logged at most this often (s).
+RENEW_WARN_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,11 @@ class LeaderElector:
         # After release(), followers get one lease TTL to take over before we campaign again.
         self._campaign_after = -math.inf
         self._observed_leader: str | None = None
+        # Set by poke(): the loop steps now instead of at its next retry.
+        self._poked = threading.Event()
+        # The longest a renewal has taken from when it was due (lateness + round trip), seconds.
+        self.slowest_renewal_s = 0.0
+        self._warned_at = -math.inf
 
     # --- state ------------------------------------------------------------------------------------
     # Both read without the mutex (one attribute read each): leader work may check them while a
@@ -160,9 +167,15 @@ class LeaderElector:
                 except Exception:  # a bug here must not end the election loop
                     logger.exception("election tick for %s failed", self.name)
                     delay = self.config.retry_period_ms / 1000
-                stop_event.wait(self._jittered(delay))
+                self._poked.wait(self._jittered(delay))
+                self._poked.clear()
         finally:
             self.release()
+
+    def poke(self) -> None:
+        """Step now (the leader released its lease: campaign at once, not at the next retry; or
+        the loop is to stop and should see it)."""
+        self._poked.set()
 
     def release(self) -> bool:
         """Hand leadership over at once: stop leading, then release the lease (not wait for
@@ -240,8 +253,37 @@ class LeaderElector:
             return retry_s
         self._renewed_at = started
         self._lease = renewed
+        self._check_renew_timing(
+            late_s=started - self._next_renew_at, took_s=self.clock.monotonic() - started
+        )
         self._next_renew_at = started + self.config.renew_interval_ms / 1000
         return self._next_renew_at - started
+
+    def _check_renew_timing(self, *, late_s: float, took_s: float) -> None:
+        """Warn (at most once per RENEW_WARN_EVERY_S) when a renewal came late or slow enough to
+        eat half the room the timing leaves for retries (renew deadline - renew interval): on a
+        machine that starved the election thread this much, a little more would make the leader
+        step down and leadership flap. The warning names the knobs to raise."""
+        room_s = (self.config.renew_deadline_ms - self.config.renew_interval_ms) / 1000
+        used_s = max(0.0, late_s) + took_s
+        self.slowest_renewal_s = max(self.slowest_renewal_s, used_s)
+        now = self.clock.monotonic()
+        if used_s <= room_s / 2 or now - self._warned_at < RENEW_WARN_EVERY_S:
+            return
+        self._warned_at = now
+        logger.warning(
+            "lease %s renewed %.0f ms after it was due (%.0f ms late, %.0f ms round trip): half "
+            "the %.0f ms the timing leaves for retries; if this lasts, raise "
+            "SCHEDULER_RENEW_DEADLINE_MS and SCHEDULER_LEASE_TTL_MS (now %d and %d ms)",
+            self.name,
+            used_s * 1000,
+            max(0.0, late_s) * 1000,
+            took_s * 1000,
+            room_s * 1000,
+            self.config.renew_deadline_ms,
+            self.config.lease_ttl_ms,
+            extra={"node": self.identity},
+        )
 
     def _stop_leading(self, reason: str) -> None:
         lease = self._lease

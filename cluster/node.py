@@ -67,6 +67,8 @@ LEADER_MAX_SLEEP_S = 0.25
 REAP_INTERVAL_S = 0.25
 # How often the leader's notifier looks for runs that ended badly and sends what is due.
 NOTIFY_INTERVAL_S = 1.0
+# The wake-up a draining leader publishes once it has released its lease.
+LEASE_RELEASED = "lease-released"
 LEADER_TICK_EARLY_S = 0.4
 # How often a node audits the rows it holds against what it tracks (executor.reconcile).
 RECONCILE_INTERVAL_S = 2.0
@@ -506,11 +508,11 @@ class NodeRunner:
         return NOTIFY_INTERVAL_S
 
     # --- wake-ups through Redis ------------------------------------------------------------------------
-    def _publish_wake(self) -> None:
+    def _publish_wake(self, message: str | None = None) -> None:
         publish = getattr(self.backend, "publish", None)
         if publish is not None:
             with contextlib.suppress(Exception):
-                publish(WAKE_CHANNEL, self.config.node_id)
+                publish(WAKE_CHANNEL, message or self.config.node_id)
 
     def _listen_wake(self) -> None:
         subscribe = getattr(self.backend, "subscribe", None)
@@ -518,7 +520,9 @@ class NodeRunner:
             return
         while not self.stop_event.is_set():
             try:
-                for _ in subscribe(WAKE_CHANNEL, self.stop_event):
+                for message in subscribe(WAKE_CHANNEL, self.stop_event):
+                    if message == LEASE_RELEASED:
+                        self.elector.poke()
                     self._wake_leader.set()
                     self._wake_claim.set()
             except Exception as exc:
@@ -634,8 +638,12 @@ class NodeRunner:
             # thread is stopped only after this write, since on its way out it releases the lease.
             self._record_term_end(lease, "stepped_down")
         self._election_stop.set()
+        self.elector.poke()
         try:
-            self.elector.release()
+            if self.elector.release():
+                # Followers campaign now instead of at their next retry (up to a retry period
+                # later: 250 ms plus jitter by default).
+                self._publish_wake(LEASE_RELEASED)
         except Exception:
             logger.exception("lease release failed (it will expire)", extra=extra)
         # This thread's connection may have died with a database outage long ago (the main
@@ -681,6 +689,7 @@ class NodeRunner:
     def kill_switch(self) -> None:
         """Stop every loop without draining (tests simulating a crash use real SIGKILL instead)."""
         self._election_stop.set()
+        self.elector.poke()
         self.stop_event.set()
         self.executor.wake_starter()
 

@@ -337,3 +337,56 @@ def test_on_stopped_leading_may_wait_for_leader_work_that_reads_the_state(store,
     elector.tick()
     assert elector.release() is True
     assert seen == [False]
+
+
+def test_a_poked_follower_campaigns_at_once_not_at_its_next_retry(store) -> None:
+    """A draining leader releases its lease and wakes the others (the node publishes a wake-up):
+    a follower poked then takes over within moments, though its retry period is 10 s."""
+    backend = MemoryBackend(store=store)
+    leader = LeaderElector(backend, NAME, "node-a", ElectionConfig())
+    leader.tick()
+    assert leader.is_leader
+    started = threading.Event()
+    follower = LeaderElector(
+        backend,
+        NAME,
+        "node-b",
+        ElectionConfig(lease_ttl_ms=30_000, renew_deadline_ms=20_000, retry_period_ms=10_000),
+        on_started_leading=lambda lease: started.set(),
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=follower.run, args=(stop,))
+    thread.start()
+    try:
+        assert not started.wait(timeout=0.3)  # the lease is held: it waits out its retry
+        assert leader.release() is True
+        follower.poke()
+        assert started.wait(timeout=2)
+    finally:
+        stop.set()
+        follower.poke()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_a_renewal_that_eats_half_the_retry_room_is_logged_once_naming_the_knobs(
+    store, clock, caplog
+) -> None:
+    """A starved election thread (it woke late) is said before it costs leadership: the warning
+    names the timing to raise, and repeats at most once a minute."""
+    a, _, _ = make_elector("node-a", store, clock)
+    a.tick()
+    room_s = (CONFIG.renew_deadline_ms - CONFIG.renew_interval_ms) / 1000
+    clock.advance(CONFIG.renew_interval_ms / 1000 + room_s * 0.4)  # woke late, within half
+    with caplog.at_level("WARNING", logger="cluster.elector"):
+        caplog.clear()
+        a.tick()
+        assert caplog.records == []
+        clock.advance(CONFIG.renew_interval_ms / 1000 + room_s * 0.6)  # past half the room
+        a.tick()
+        clock.advance(CONFIG.renew_interval_ms / 1000 + room_s * 0.6)
+        a.tick()
+    assert a.is_leader
+    [record] = caplog.records
+    assert "SCHEDULER_RENEW_DEADLINE_MS" in record.getMessage()
+    assert a.slowest_renewal_s == pytest.approx(room_s * 0.6)
