@@ -122,6 +122,49 @@ def test_list_of_no_jobs(db):
     assert run("jobs", "list").strip().startswith("NAME")
 
 
+def test_enqueue_runs_with_their_own_arguments(jobs):
+    job = jobs[1]  # "sleep", paused: enqueued runs are accepted anyway
+    output = run("jobs", "enqueue", job.name, "--args", "[0.5]", "--priority", "3", "--count", "3")
+    runs = list(JobExecution.objects.filter(job=job).order_by("pk"))
+    assert output.strip() == f"enqueued 3 run(s) of poll: {', '.join(str(r.pk) for r in runs)}"
+    assert [(r.args, r.kwargs, r.priority, r.trigger) for r in runs] == [
+        ([0.5], None, 3, "enqueue")
+    ] * 3
+    event = AuditEvent.objects.get(action="job.enqueue")
+    assert (event.source, event.changes) == ("cli", {"runs": [None, 3]})
+
+
+def test_enqueue_from_a_file_of_runs(jobs, tmp_path):
+    runs_file = tmp_path / "runs.yaml"
+    later = (timezone.now() + timedelta(hours=1)).replace(microsecond=0)
+    runs_file.write_text(
+        yaml.safe_dump({"runs": [{"args": [1]}, {"args": [2], "run_at": later.isoformat()}]})
+    )
+    run("jobs", "enqueue", "poll", "--file", str(runs_file))
+    runs = list(JobExecution.objects.filter(job=jobs[1]).order_by("pk"))
+    assert [r.args for r in runs] == [[1], [2]]
+    assert runs[1].run_after.replace(microsecond=0) == later
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--kwargs", "{oops"], "--kwargs is not JSON"),
+        (["--count", "0"], "--count must be within 1-5000"),
+        (["--args", '["a", "b"]'], "invalid run(s), nothing written:\n  0.args: "),
+        (["--run-at", "soon"], "0.run_at"),
+        (["--file", "runs.json", "--count", "2"], "--file gives every run"),
+    ],
+)
+def test_enqueue_refuses_bad_input_with_exit_2_and_writes_nothing(jobs, argv, needle):
+    before = state()
+    with pytest.raises(CommandError) as raised:
+        run("jobs", "enqueue", "poll", *argv)
+    assert raised.value.returncode == EXIT_USAGE
+    assert needle in str(raised.value)
+    assert state() == before
+
+
 @pytest.mark.parametrize("ref", ["name", "id"])
 def test_trigger(jobs, ref):
     job = jobs[1]  # paused: a manual run works anyway

@@ -2,6 +2,8 @@
 
     python manage.py jobs list [--json]
     python manage.py jobs trigger NAME
+    python manage.py jobs enqueue NAME [--kwargs JSON] [--args JSON] [--run-at ISO] [--priority N]
+                                       [--count N] | [--file FILE]
     python manage.py jobs pause NAME | resume NAME
     python manage.py jobs export [--format yaml|json] [--output FILE] [NAME ...]
     python manage.py jobs apply FILE [--dry-run] [--prune]
@@ -41,6 +43,27 @@ class Command(BaseCommand):
         tasks.add_argument("--json", action="store_true", help="Machine-readable output")
         for name in ("trigger", "pause", "resume"):
             sub.add_parser(name, help=f"{name.capitalize()} a job").add_argument("job")
+        enqueue = sub.add_parser(
+            "enqueue",
+            help="Enqueue runs of a job with arguments of their own (the API's enqueue): all or "
+            "none",
+        )
+        enqueue.add_argument("job")
+        # (dest: "args" is BaseCommand.execute's own)
+        enqueue.add_argument(
+            "--args", dest="run_args", help="JSON list: the run's positional arguments"
+        )
+        enqueue.add_argument(
+            "--kwargs", dest="run_kwargs", help="JSON object: the run's keyword arguments"
+        )
+        enqueue.add_argument("--run-at", help="ISO 8601 instant (default: now)")
+        enqueue.add_argument("--priority", type=int, help="The run's priority (default: the job's)")
+        enqueue.add_argument("--count", type=int, default=1, help="That many runs (default 1)")
+        enqueue.add_argument(
+            "--file",
+            help="JSON/YAML list of runs ({args, kwargs, run_at, priority} each), or - for "
+            "standard input; instead of the options above",
+        )
         export = sub.add_parser("export", help="Write job definitions as YAML or JSON")
         export.add_argument("names", nargs="*")
         export.add_argument("--format", choices=["yaml", "json"], default="yaml")
@@ -58,8 +81,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except JobValidationError as exc:
             lines = [f"  {field}: {' '.join(reasons)}" for field, reasons in exc.errors.items()]
+            what = "run(s)" if action == "enqueue" else "job definition(s)"
             raise CommandError(
-                "invalid job definition(s), nothing written:\n" + "\n".join(lines),
+                f"invalid {what}, nothing written:\n" + "\n".join(lines),
                 returncode=EXIT_USAGE,
             ) from exc
         except ActionNotAllowed as exc:
@@ -102,6 +126,50 @@ class Command(BaseCommand):
         target = selectors.job_get_by_name_or_id(job)
         execution = services.job_trigger(job_id=target.pk, by=CLI_ACTOR)
         self.stdout.write(f"triggered {target.name}: execution {execution.pk}")
+
+    def do_enqueue(
+        self,
+        *,
+        job: str,
+        run_args: str | None,
+        run_kwargs: str | None,
+        run_at: str | None,
+        priority: int | None,
+        count: int,
+        file: str | None,
+        **_: Any,
+    ) -> None:
+        target = selectors.job_get_by_name_or_id(job)
+        if file is not None:
+            if any(v is not None for v in (run_args, run_kwargs, run_at, priority)) or count != 1:
+                raise CommandError(
+                    "--file gives every run: it goes with no other run option",
+                    returncode=EXIT_USAGE,
+                )
+            items = _load_list(file, "runs")
+        else:
+            if not 1 <= count <= services.MAX_ENQUEUE_RUNS:
+                raise CommandError(
+                    f"--count must be within 1-{services.MAX_ENQUEUE_RUNS}", returncode=EXIT_USAGE
+                )
+            item: dict[str, Any] = {}
+            for name, raw in (("args", run_args), ("kwargs", run_kwargs)):
+                if raw is not None:
+                    try:
+                        item[name] = json_module.loads(raw)
+                    except ValueError as exc:
+                        raise CommandError(
+                            f"--{name} is not JSON: {exc}", returncode=EXIT_USAGE
+                        ) from exc
+            if run_at is not None:
+                item["run_at"] = run_at
+            if priority is not None:
+                item["priority"] = priority
+            items = [dict(item) for _ in range(count)]
+        runs = services.runs_enqueue(job_id=target.pk, items=items, by=CLI_ACTOR)
+        ids = [run.pk for run in runs]
+        shown = ", ".join(map(str, ids)) if len(ids) <= 10 else f"{ids[0]} ... {ids[-1]}"
+        self.stdout.write(f"enqueued {len(ids)} run(s) of {target.name}: {shown}")
 
     def do_pause(self, *, job: str, **_: Any) -> None:
         target = services.job_pause(job_id=selectors.job_get_by_name_or_id(job).pk, by=CLI_ACTOR)
@@ -151,6 +219,11 @@ def _dumps_json(data: Any) -> str:
 
 
 def _load_definitions(file: str) -> list[Any]:
+    return _load_list(file, "jobs", what="job definitions")
+
+
+def _load_list(file: str, key: str, *, what: str = "runs") -> list[Any]:
+    """A YAML/JSON list from ``file`` (``-``: standard input), bare or as ``{key: [...]}``."""
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
     except OSError as exc:
@@ -160,11 +233,11 @@ def _load_definitions(file: str) -> list[Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise CommandError(f"{file} is not valid YAML/JSON: {exc}", returncode=EXIT_USAGE) from exc
-    if isinstance(data, dict) and "jobs" in data:
-        data = data["jobs"]
+    if isinstance(data, dict) and key in data:
+        data = data[key]
     if not isinstance(data, list):
         raise CommandError(
-            f"{file}: expected a list of job definitions (or {{jobs: [...]}})",
+            f"{file}: expected a list of {what} (or {{{key}: [...]}})",
             returncode=EXIT_USAGE,
         )
     return data
