@@ -32,7 +32,7 @@ from django.utils import timezone
 from cluster import doorbell, tracing
 from cluster.fencing import fenced_transaction
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
-from jobs import executions, schedules
+from jobs import bulk, executions, schedules
 from jobs.models import (
     ConcurrencyPolicy,
     Job,
@@ -246,7 +246,10 @@ def scheduler_tick(
             created = executions.create_fires(rows)
             for job in jobs:
                 job.updated_at = now  # "the row changed": the dashboard streams next/last fire
-            Job.objects.bulk_update(jobs, ["next_fire_at", "last_fire_at", "updated_at"])
+            columns = ("next_fire_at", "last_fire_at", "updated_at")
+            bulk.update(
+                Job, [(job.pk, {c: getattr(job, c) for c in columns}) for job in jobs], columns
+            )
             replace_ids = [j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.REPLACE]
             if replace_ids:
                 executions.request_cancel_jobs(replace_ids, reason=REASON_REPLACED)

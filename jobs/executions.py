@@ -28,7 +28,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils.timezone import now as timezone_now
 
-from jobs import events
+from jobs import bulk, events
 from jobs.models import MAX_OUTPUT_CHARS, Job, JobExecution, ScheduleType, Trigger
 from jobs.schedules import spread_offset
 from jobs.states import RETRYABLE_STATES, ExecutionStatus, check_transition
@@ -138,7 +138,8 @@ def create_fires(rows: list[JobExecution]) -> list[JobExecution]:
             "inserted twice",
             len(rows) - len(fresh),
         )
-    return JobExecution.objects.bulk_create(fresh)
+    bulk.insert_instances(fresh)
+    return fresh
 
 
 def create_manual_run(
@@ -289,9 +290,7 @@ def create_enqueued(
             "kwargs": kwargs_field.get_db_prep_save(run["kwargs"], connection),
         }
         rows.append([constant.get(f.attname, own_values.get(f.attname)) for f in inserted])
-    ids = _insert_returning_ids(inserted, rows)
-    if len(ids) != len(runs):
-        raise RuntimeError(f"inserted {len(ids)} of {len(runs)} runs")
+    ids = bulk.insert(JobExecution, inserted, rows)
     names = [field.attname for field in fields]
     created = []
     for pk, run, slot, priority in zip(ids, runs, slots, priorities, strict=True):
@@ -309,31 +308,6 @@ def create_enqueued(
         )
     announce(execution_id=created[0].pk, job_id=job.pk, status=S.PENDING)
     return created
-
-
-def _insert_returning_ids(fields: list[Any], rows: list[list[Any]]) -> list[int]:
-    """Insert ``rows`` (values prepared for the database, in ``fields``' order) in as few
-    statements as the engine allows; returns their ids in the rows' order (``RETURNING``: no
-    second query to find them)."""
-    quote = connection.ops.quote_name
-    table = quote(JobExecution._meta.db_table)
-    columns = ", ".join(quote(field.column) for field in fields)
-    row_marks = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    per_statement = max(1, connection.ops.bulk_batch_size(fields, rows))
-    ids: list[int] = []
-    with connection.cursor() as cursor:
-        for start in range(0, len(rows), per_statement):
-            chunk = rows[start : start + per_statement]
-            # Only the model's own table and column names go into the text (S608: reviewed).
-            sql = (
-                f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608
-                f"{', '.join([row_marks] * len(chunk))} RETURNING {quote('id')}"
-            )
-            cursor.execute(sql, [value for row in chunk for value in row])
-            # Ids grow in the order rows are inserted (both engines), whatever order RETURNING
-            # reports them in.
-            ids += sorted(row[0] for row in cursor.fetchall())
-    return ids
 
 
 def backoff_delay(job: Job, attempt: int, rng: random.Random | None = None) -> float:
@@ -922,51 +896,19 @@ def _chunks_by_text(
 
 
 def _update_outcomes(rows: list[tuple[JobExecution, dict[str, Any]]]) -> int:
-    """One UPDATE writing ``rows``' outcome columns; returns the rows it matched."""
-    meta = JobExecution._meta
+    """One UPDATE writing ``rows``' outcome columns, only where each row is still running under
+    this writer's claim token; returns the rows it matched."""
     quote = connection.ops.quote_name
-    id_column = quote(meta.pk.column)
-    # Only the model's own table and column names go into the text; every value is a parameter.
-    assignments: list[str] = []
-    params: list[Any] = []
-    for name in OUTCOME_COLUMNS:
-        field = meta.get_field(name)
-        prepare = _column_preparer(field)
-        prepared = [prepare(values[name]) for _, values in rows]
-        if all(value == prepared[0] for value in prepared):
-            assignments.append(f"{quote(field.column)} = %s")
-            params.append(prepared[0])
-            continue
-        cases = " ".join(["WHEN %s THEN %s"] * len(rows))
-        assignments.append(f"{quote(field.column)} = CASE {id_column} {cases} END")
-        for (execution, _), value in zip(rows, prepared, strict=True):
-            params += [execution.pk, value]
-    marks = ", ".join(["%s"] * len(rows))
-    sql = (
-        f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608
-        f"WHERE {id_column} IN ({marks}) AND {quote('status')} = %s "
-        f"AND {quote('claim_token')} IN ({marks})"
-    )
+    tokens = [execution.claim_token for execution, _ in rows]
     # Every token names its own row ("<batch>-<id>"): "id in ids and token in tokens" is the
     # pairwise condition.
-    params += [execution.pk for execution, _ in rows]
-    params.append(S.RUNNING)
-    params += [execution.claim_token for execution, _ in rows]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
-
-
-def _column_preparer(field: Any) -> Callable[[Any], Any]:
-    """How a value of ``field`` goes into a statement: as ``get_db_prep_save`` would, without its
-    generic steps for the columns an outcome writes most (text and numbers as they are)."""
-    if field.get_internal_type() == "DateTimeField":
-        return lambda value: (
-            None if value is None else connection.ops.adapt_datetimefield_value(value)
-        )
-    if field.get_internal_type() in ("CharField", "TextField", "FloatField"):
-        return lambda value: value
-    return lambda value: field.get_db_prep_save(value, connection)
+    return bulk.update(
+        JobExecution,
+        [(execution.pk, values) for execution, values in rows],
+        OUTCOME_COLUMNS,
+        where=f"{quote('status')} = %s AND {quote('claim_token')} IN ({', '.join(['%s'] * len(rows))})",
+        where_params=[S.RUNNING, *tokens],
+    )
 
 
 def end_running(execution: JobExecution, *, status: str, reason: str, now: datetime) -> bool:

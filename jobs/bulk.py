@@ -1,0 +1,128 @@
+"""Statements for many rows at once, built in one pass without the ORM's machinery per row.
+
+Django's ``bulk_update`` builds a ``Case(When(pk=..., then=Value(...)))`` expression per row and
+field and resolves each (about 0.9 ms a job in the leader's tick of 5,000 one-off jobs, profiled);
+``bulk_create`` prepares every field of every row generically. Both are in the hot paths (the
+leader's fires, the finisher's outcomes, enqueued runs). Here a statement's text is built once per
+call, with one placeholder per value, and every value is a parameter: only the model's own table
+and column names go into the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connection, models
+
+Preparer = Callable[[Any], Any]
+# Fields whose Python values both engines' drivers take as they are.
+PLAIN_KINDS = frozenset(
+    {
+        "CharField",
+        "TextField",
+        "FloatField",
+        "IntegerField",
+        "BigIntegerField",
+        "PositiveIntegerField",
+        "BooleanField",
+    }
+)
+
+
+def preparer(field: models.Field) -> Preparer:
+    """How a value of ``field`` goes into a statement: as ``get_db_prep_save`` would, without its
+    generic steps for the plain kinds (text and numbers as they are, dates adapted directly)."""
+    kind = field.get_internal_type()
+    if kind == "DateTimeField":
+        adapt = connection.ops.adapt_datetimefield_value
+        return lambda value: None if value is None else adapt(value)
+    if kind in PLAIN_KINDS:
+        return lambda value: value
+    return lambda value: field.get_db_prep_save(value, connection)
+
+
+def insert(
+    model: type[models.Model], fields: Sequence[models.Field], rows: Sequence[Sequence[Any]]
+) -> list[int]:
+    """INSERT ``rows`` (values prepared for the database, in ``fields``' order) in as few
+    statements as the engine allows; returns their ids in the rows' order (``RETURNING``: no
+    second query to find them)."""
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    columns = ", ".join(quote(field.column) for field in fields)
+    row_marks = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    per_statement = max(1, connection.ops.bulk_batch_size(list(fields), list(rows)))
+    ids: list[int] = []
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start : start + per_statement]
+            sql = (
+                f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608 (names only, see above)
+                f"{', '.join([row_marks] * len(chunk))} RETURNING {quote(model._meta.pk.column)}"
+            )
+            cursor.execute(sql, [value for row in chunk for value in row])
+            # Ids grow in the order rows are inserted (both engines), whatever order RETURNING
+            # reports them in.
+            ids += sorted(row[0] for row in cursor.fetchall())
+    if len(ids) != len(rows):
+        raise RuntimeError(f"inserted {len(ids)} of {len(rows)} rows")
+    return ids
+
+
+def insert_instances(objs: Sequence[models.Model]) -> None:
+    """``bulk_create`` for new instances of one model with an automatic primary key: every
+    concrete field prepared as ``save`` would (``auto_now`` stamps included), one statement per
+    engine batch; each instance gets its id and is marked saved."""
+    if not objs:
+        return
+    model = type(objs[0])
+    meta = model._meta
+    fields = [field for field in meta.concrete_fields if field is not meta.pk]
+    prepared = [(field, preparer(field)) for field in fields]
+    rows = [[prepare(field.pre_save(obj, add=True)) for field, prepare in prepared] for obj in objs]
+    for obj, pk in zip(objs, insert(model, fields, rows), strict=True):
+        obj.pk = pk
+        obj._state.adding = False
+        obj._state.db = connection.alias
+
+
+def update(
+    model: type[models.Model],
+    rows: Sequence[tuple[int, dict[str, Any]]],
+    columns: Sequence[str],
+    *,
+    where: str = "",
+    where_params: Sequence[Any] = (),
+) -> int:
+    """One UPDATE setting ``columns`` (field names) of each row (pk, {field name: value}): a
+    column whose values all agree is set to that one value, the others to a ``CASE`` on the id.
+    ``where`` adds conditions (SQL over the model's columns, ``%s`` placeholders for
+    ``where_params``) to ``id IN (...)``. Returns the rows matched."""
+    meta = model._meta
+    quote = connection.ops.quote_name
+    id_column = quote(meta.pk.column)
+    assignments: list[str] = []
+    params: list[Any] = []
+    for name in columns:
+        field = meta.get_field(name)
+        prepare = preparer(field)
+        prepared = [prepare(values[name]) for _, values in rows]
+        if all(value == prepared[0] for value in prepared):
+            assignments.append(f"{quote(field.column)} = %s")
+            params.append(prepared[0])
+            continue
+        cases = " ".join(["WHEN %s THEN %s"] * len(rows))
+        assignments.append(f"{quote(field.column)} = CASE {id_column} {cases} END")
+        for (pk, _), value in zip(rows, prepared, strict=True):
+            params += [pk, value]
+    marks = ", ".join(["%s"] * len(rows))
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608 (see above)
+        f"WHERE {id_column} IN ({marks}){f' AND {where}' if where else ''}"
+    )
+    params += [pk for pk, _ in rows]
+    params += list(where_params)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
