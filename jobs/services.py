@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from jobs import events, executions, schedules
+from jobs import bulk, events, executions, schedules
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
@@ -241,24 +241,19 @@ def jobs_create_batch(*, items: list[Any], by: Actor, now: datetime | None = Non
     ]
     try:
         with transaction.atomic():
-            Job.objects.bulk_create(jobs)
-            if any(job.pk is None for job in jobs):
-                # A backend that cannot return the new keys from a bulk insert: read them back.
-                ids = dict(
-                    Job.objects.filter(name__in=[j.name for j in jobs]).values_list("name", "pk")
-                )
-                for job in jobs:
-                    job.pk = ids[job.name]
-            AuditEvent.objects.bulk_create(
-                audit_event(
-                    by=by,
-                    action="job.create",
-                    object_type="job",
-                    object_id=job.pk,
-                    object_repr=job.name,
-                    changes={field: [None, value] for field, value in values.items()},
-                )
-                for job, (_, values) in zip(jobs, cleaned, strict=True)
+            bulk.insert_instances(jobs)
+            bulk.insert_instances(
+                [
+                    audit_event(
+                        by=by,
+                        action="job.create",
+                        object_type="job",
+                        object_id=job.pk,
+                        object_repr=job.name,
+                        changes={field: [None, value] for field, value in values.items()},
+                    )
+                    for job, (_, values) in zip(jobs, cleaned, strict=True)
+                ]
             )
             events.send_after_commit(events.job_changed, job_id=jobs[0].pk, change="created")
     except IntegrityError as exc:
