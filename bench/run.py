@@ -23,8 +23,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,21 @@ class Nodes:
                 stderr=subprocess.STDOUT,
             )
 
+    def problems(self) -> dict[str, Any]:
+        """WARNING and ERROR lines the nodes logged (a database refusing connections, a failed
+        write), counted, with the first few."""
+        lines = [
+            line
+            for log in self.logs
+            for line in Path(log.name).read_text(errors="replace").splitlines()
+            if " WARNING " in line or " ERROR " in line or "Too many connections" in line
+        ]
+        return {
+            "warning_or_error_lines": len(lines),
+            "too_many_connections": sum("Too many connections" in line for line in lines),
+            "first": lines[:3],
+        }
+
     def signal(self, node_id: str, signum: int) -> None:
         process = self.processes[node_id]
         if process.poll() is None:
@@ -244,6 +261,43 @@ def create_interval_jobs(count: int, prefix: str, path: Path, interval: int = 1)
         )
 
 
+class ConnectionPeak:
+    """The most connections the database server held to the benchmark's database, sampled every
+    0.25 s on a thread (MariaDB only), against the budget the nodes promise (cluster.node)."""
+
+    def __init__(self, env: Environment) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if env.database_url.startswith("mysql"):
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+
+    def _sample(self) -> None:
+        from django.db import connection
+
+        try:
+            while not self._stop.wait(0.25):
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+                    )
+                    self.peak = max(self.peak, cursor.fetchone()[0])
+        finally:
+            connection.close()
+
+    def stop(self) -> dict[str, Any] | None:
+        if self._thread is None:
+            return None
+        self._stop.set()
+        self._thread.join(5)
+        from cluster.node import NODE_DB_CONNECTIONS
+
+        budget = NODE_DB_CONNECTIONS["redis"]
+        # This process: its own connection and the sampler's.
+        return {"peak": self.peak, "budget": NODES * budget + 2, "per_node_budget": budget}
+
+
 # --- W1 steady --------------------------------------------------------------------------------------
 
 
@@ -252,12 +306,15 @@ def w1(env: Environment, *, jobs: int = 200, warmup_s: float = 10, window_s: flo
     path = env.workdir / f"{prefix}-w1.txt"
     create_interval_jobs(jobs, "w1", path)
     nodes = Nodes(env, prefix)
+    connections = None
     try:
         wait_for_leader()
         time.sleep(warmup_s)
+        connections = ConnectionPeak(env)
         window_start = math.ceil(time.time())
         time.sleep(window_start + window_s - time.time() + 1.5)
     finally:
+        peak = connections.stop() if connections else None
         nodes.stop()
     window_end = window_start + window_s
     rows = [r for r in read_records(path) if window_start <= r[1] < window_end]
@@ -271,6 +328,55 @@ def w1(env: Environment, *, jobs: int = 200, warmup_s: float = 10, window_s: flo
         "expected": expected,
         "duplicates": sum(n - 1 for n in per_fire.values()),
         "skipped": expected - len(per_fire),
+        "db_connections": peak,
+        "node_logs": nodes.problems(),
+    }
+
+
+def w1_behind(
+    env: Environment, *, jobs: int = 200, behind_s: int = 10, after_s: float = 20
+) -> dict:
+    """W1 started behind: the 200 jobs' last ``behind_s`` seconds of fires are overdue when the
+    cluster starts (``run_all`` within the grace period: every missed slot is to run, oldest
+    first, each job's one after another under ``forbid``). The backlog must drain in batches and
+    the fires due after it run on time again: how long the overdue slots take, how many run,
+    and the lag of the fires due once it is gone."""
+    from jobs.models import Job
+
+    prefix = env.reset()
+    path = env.workdir / f"{prefix}-w1b.txt"
+    create_interval_jobs(jobs, "w1b", path)
+    started = math.ceil(time.time())
+    first_missed = datetime.fromtimestamp(started - behind_s, tz=UTC)
+    Job.objects.update(
+        misfire_policy="run_all",
+        run_all_max=behind_s + 5,
+        misfire_grace_seconds=behind_s + 30,
+        next_fire_at=first_missed,
+    )
+    sleep_until(started)
+    nodes = Nodes(env, prefix)
+    try:
+        time.sleep(after_s)
+    finally:
+        nodes.stop()
+    rows = read_records(path)
+    overdue = [r for r in rows if r[1] < started]
+    on_time_from = started + 5  # a margin for the nodes' start (a few seconds on 2 cores)
+    later = [r for r in rows if r[1] >= on_time_from and r[1] < started + after_s - 2]
+    drained_at = max((r[3] for r in overdue), default=math.nan)
+    per_fire = Counter((r[0], r[1]) for r in rows)
+    expected_overdue = jobs * behind_s
+    return {
+        "overdue_slots": expected_overdue,
+        "overdue_run": len({(r[0], r[1]) for r in overdue}),
+        "backlog_drained_s_after_start": drained_at - started,
+        "backlog_runs_per_s": len(overdue) / max(1e-9, drained_at - started),
+        "lag_after_ms": lag_summary([(r[3] - r[1]) * 1000 for r in later]),
+        "fires_after": len({(r[0], r[1]) for r in later}),
+        "expected_after": jobs * int(started + after_s - 2 - on_time_from),
+        "duplicates": sum(n - 1 for n in per_fire.values()),
+        "node_logs": nodes.problems(),
     }
 
 
@@ -499,14 +605,169 @@ def _ratio(ours: float, theirs: float) -> str:
     return f"{theirs / ours:.1f}x" if ours else "inf"
 
 
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:,.1f}"
+
+
+def _lags(lag: dict[str, float]) -> str:
+    return " / ".join(_ms(lag.get(k)) for k in ("p50", "p95", "p99", "max")) + " ms"
+
+
+def summary_table(results: dict[str, Any]) -> str:
+    """Every figure of the run as ours | the peer's in the same run | the ratio, with the machine's
+    load alongside (Markdown)."""
+    rows: list[tuple[str, str, str, str]] = []
+    w1r, peer1 = results.get("w1"), results.get("peer_w1")
+    if w1r:
+        rows.append(
+            (
+                "W1 fires / expected (duplicates, skipped)",
+                f"{w1r['fires']:,} / {w1r['expected']:,} ({w1r['duplicates']}, {w1r['skipped']})",
+                f"{peer1['fires']:,} / {peer1['expected']:,} ({peer1.get('duplicate_fires')}, "
+                f"{peer1.get('skipped_slots')})"
+                if peer1
+                else "—",
+                f"{w1r['fires'] / peer1['fires']:.2f}x the fires"
+                if peer1 and peer1["fires"]
+                else "—",
+            )
+        )
+        rows.append(
+            (
+                "W1 lag p50 / p95 / p99 / max",
+                _lags(w1r["lag_ms"]),
+                _lags(peer1["lag_ms"]) if peer1 else "—",
+                f"{_ratio(w1r['lag_ms']['p50'], peer1['lag_ms']['p50'])} / "
+                f"{_ratio(w1r['lag_ms']['p99'], peer1['lag_ms']['p99'])} lower at p50 / p99"
+                if peer1
+                else "—",
+            )
+        )
+        conns, logs = w1r.get("db_connections"), w1r.get("node_logs", {})
+        rows.append(
+            (
+                "W1 database connections (peak / budget); node log warnings",
+                (f"{conns['peak']} / {conns['budget']}" if conns else "n/a")
+                + f"; {logs.get('warning_or_error_lines', 'n/a')} lines, "
+                f"{logs.get('too_many_connections', 'n/a')} 'Too many connections'",
+                "—",
+                "—",
+            )
+        )
+    w1b = results.get("w1b")
+    if w1b:
+        rows.append(
+            (
+                "W1 started 10 s behind: overdue slots run; backlog drained after",
+                f"{w1b['overdue_run']:,} / {w1b['overdue_slots']:,}; "
+                f"{w1b['backlog_drained_s_after_start']:.2f} s ({w1b['backlog_runs_per_s']:,.0f} runs/s)",
+                "—",
+                "—",
+            )
+        )
+        rows.append(
+            (
+                "W1 behind: lag of the fires due after the backlog",
+                _lags(w1b["lag_after_ms"])
+                + f" ({w1b['fires_after']:,} / {w1b['expected_after']:,})",
+                "—",
+                "—",
+            )
+        )
+    w2r, peer2 = results.get("w2"), results.get("peer_w2")
+    if w2r:
+        rows.append(
+            (
+                "W2 burst, 5,000 runs enqueued: executions/s (wall)",
+                f"{w2r['executions_per_s']:,.0f}/s ({w2r['wall_s']:.2f} s; "
+                f"{w2r['duplicates']} dup, {w2r['missing']} missing)",
+                f"{peer2['executions_per_s']:,.0f}/s ({peer2.get('wall_s', math.nan):.2f} s)"
+                if peer2
+                else "—",
+                f"{w2r['executions_per_s'] / peer2['executions_per_s']:.1f}x"
+                if peer2 and peer2["executions_per_s"]
+                else "—",
+            )
+        )
+        rows.append(("W2 lag p50 / p95 / p99 / max", _lags(w2r["lag_ms"]), "—", "—"))
+    w2j = results.get("w2_jobs")
+    if w2j:
+        rows.append(
+            (
+                "W2 burst, 5,000 one-off jobs: executions/s (wall)",
+                f"{w2j['executions_per_s']:,.0f}/s ({w2j['wall_s']:.2f} s; submitted "
+                f"{w2j['submit_rate_per_s']:,.0f} jobs/s)",
+                "—",
+                "—",
+            )
+        )
+    w3r, peer3 = results.get("w3"), results.get("peer_w3_tuned")
+    if w3r:
+        kill = w3r["sigkill"]
+        rows.append(
+            (
+                "W3 SIGKILL of the leader 50 ms before a slot: gap p99; takeover; dup / lost",
+                f"{kill['gap_s']['p99']:.2f} s; {kill['takeover_s']:.2f} s; "
+                f"{kill['duplicates']} / {kill['skipped']}",
+                f"{peer3['gap_s']['p99']:.2f} s (tuned: 2 s lock, 1 s loop); "
+                f"{peer3.get('duplicate_fires')} / {peer3.get('lost_slots')}"
+                if peer3
+                else "—",
+                _ratio(kill["gap_s"]["p99"], peer3["gap_s"]["p99"]) + " shorter gap"
+                if peer3
+                else "—",
+            )
+        )
+        term = w3r["sigterm"]
+        rows.append(
+            (
+                "W3 SIGTERM of the leader: handover; gap p99; dup / lost",
+                f"{term['handover_s'] * 1000:.0f} ms; {term['gap_s']['p99']:.2f} s; "
+                f"{term['duplicates']} / {term['skipped']}",
+                "—",
+                "—",
+            )
+        )
+    w4r = results.get("w4")
+    if w4r:
+        rows.append(
+            (
+                f"W4 tick, {w4r['jobs_defined']:,} jobs defined: idle p50 / p99 (queries); 3 due",
+                f"{_ms(w4r['idle_tick_ms']['p50'])} / {_ms(w4r['idle_tick_ms']['p99'])} ms "
+                f"({w4r['idle_tick_queries']}); {_ms(w4r['tick_with_3_due_ms']['p50'])} ms "
+                f"({w4r['tick_with_3_due_queries']})",
+                "—",
+                "—",
+            )
+        )
+    start, end = (
+        results["load_average_at_start"][0],
+        results.get("load_average_at_end", [math.nan])[0],
+    )
+    head = (
+        f"{results['cpus']} CPUs, {results['database']}, {results['nodes']} nodes "
+        f"(pinned to CPUs {results['nodes_pinned_to_cpus']}), {results['hog_processes']} hog "
+        f"processes; load average {start:.2f} at start, {end:.2f} at end"
+    )
+    lines = [
+        head,
+        "",
+        "| figure | ours | peer (Celery beat + redbeat), same run | ratio |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("workloads", nargs="*", default=["w1", "w2", "w3", "w4"])
+    parser.add_argument("workloads", nargs="*", default=["w1", "w1b", "w2", "w3", "w4"])
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
     parser.add_argument("--no-peer", action="store_true", help="skip the Celery peer")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--table", help="also write the summary table (Markdown) to this file")
     parser.add_argument(
         "--no-pin",
         action="store_true",
@@ -553,6 +814,12 @@ def main() -> None:
                         f"{results['w1']['fires']}/{results['w1']['expected']} vs "
                         f"{peer['fires']}/{peer['expected']}"
                     )
+        if "w1b" in args.workloads:
+            print(
+                "W1 behind: 200 jobs every second, their last 10 s overdue at start ...", flush=True
+            )
+            results["w1b"] = w1_behind(env, after_s=12 if quick else 20)
+            print(json.dumps(results["w1b"], indent=2))
         if "w2" in args.workloads:
             count = 1000 if quick else 5000
             print(f"W2 burst: {count:,} runs enqueued, due at submission ...", flush=True)
@@ -600,8 +867,12 @@ def main() -> None:
         f"at end {results['load_average_at_end'][0]:.2f} ({os.cpu_count()} CPUs, "
         f"{args.hog} hog processes)"
     )
+    table = summary_table(results)
+    print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    if args.table:
+        Path(args.table).write_text(table + "\n")
 
 
 if __name__ == "__main__":
