@@ -365,13 +365,16 @@ def w1_behind(
     on_time_from = started + 5  # a margin for the nodes' start (a few seconds on 2 cores)
     later = [r for r in rows if r[1] >= on_time_from and r[1] < started + after_s - 2]
     drained_at = max((r[3] for r in overdue), default=math.nan)
+    first_at = min((r[3] for r in overdue), default=math.nan)
     per_fire = Counter((r[0], r[1]) for r in rows)
     expected_overdue = jobs * behind_s
     return {
         "overdue_slots": expected_overdue,
         "overdue_run": len({(r[0], r[1]) for r in overdue}),
+        # From the nodes' start (a Python process's start-up included), and from the first run.
         "backlog_drained_s_after_start": drained_at - started,
-        "backlog_runs_per_s": len(overdue) / max(1e-9, drained_at - started),
+        "backlog_first_run_s_after_start": first_at - started,
+        "backlog_runs_per_s": len(overdue) / max(1e-9, drained_at - first_at),
         "lag_after_ms": lag_summary([(r[3] - r[1]) * 1000 for r in later]),
         "fires_after": len({(r[0], r[1]) for r in later}),
         "expected_after": jobs * int(started + after_s - 2 - on_time_from),
@@ -660,7 +663,9 @@ def summary_table(results: dict[str, Any]) -> str:
             (
                 "W1 started 10 s behind: overdue slots run; backlog drained after",
                 f"{w1b['overdue_run']:,} / {w1b['overdue_slots']:,}; "
-                f"{w1b['backlog_drained_s_after_start']:.2f} s ({w1b['backlog_runs_per_s']:,.0f} runs/s)",
+                f"{w1b['backlog_drained_s_after_start']:.2f} s after the nodes started (first run "
+                f"at {w1b['backlog_first_run_s_after_start']:.2f} s; {w1b['backlog_runs_per_s']:,.0f}"
+                " runs/s)",
                 "—",
                 "—",
             )
