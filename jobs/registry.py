@@ -278,13 +278,16 @@ def task_catalog() -> list[dict[str, Any]]:
     return [spec.as_dict() for spec in specs]
 
 
+def encode_plain(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON, refusing what is not plain JSON's (NaN: ValueError; a lone
+    surrogate, which the database would refuse at insert: UnicodeEncodeError)."""
+    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def _is_plain_json(value: Any) -> bool:
     """True when ``value`` survives a JSON round trip unchanged (no tuples, sets, NaN, int keys)."""
     try:
-        # ensure_ascii=False + encode: a lone surrogate is not valid UTF-8 and the database would
-        # refuse it (a 500 at insert instead of a 400 now).
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
-        return json.loads(encoded) == value
+        return json.loads(encode_plain(value)) == value
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError):
         return False
 
@@ -333,7 +336,9 @@ def bind_arguments(
     return bound
 
 
-def validate_task_call(name: str, args: Any, kwargs: Any) -> None:
+def validate_task_call(
+    name: str, args: Any, kwargs: Any, *, plain_json: tuple[bool, bool] | None = None
+) -> None:
     """Refuse, at job-creation time, a call that is bound to fail. Returns None when it is fine.
 
     Raises :class:`UnknownTask`, or :class:`TaskArgumentError` when ``args`` is not a JSON list,
@@ -348,9 +353,11 @@ def validate_task_call(name: str, args: Any, kwargs: Any) -> None:
     bad_keys = [key for key in kwargs if not isinstance(key, str)]
     if bad_keys:
         raise TaskArgumentError("kwargs", f"keys must be strings, got {bad_keys[0]!r}")
-    if not _is_plain_json(args):
+    # ``plain_json``: the caller already knows (it encoded the values once for their size).
+    args_plain, kwargs_plain = plain_json or (_is_plain_json(args), _is_plain_json(kwargs))
+    if not args_plain:
         raise TaskArgumentError("args", f"must be plain JSON ({_PLAIN_JSON})")
-    if not _is_plain_json(kwargs):
+    if not kwargs_plain:
         raise TaskArgumentError("kwargs", f"must be plain JSON ({_PLAIN_JSON})")
     if spec.validate is not None:
         spec.validate(list(args), dict(kwargs))

@@ -244,27 +244,37 @@ def _call_arguments(errors: _Errors, task: str | None, args: Any, kwargs: Any) -
     ]
     for path, message in plain:
         errors.add(path, message)
+    # Each value encoded once, for the size limit and the plain-JSON check (validate_task_call's).
+    limit = settings.SCHEDULER_MAX_ARGS_BYTES
+    plain_json: dict[str, bool] = {}
+    for field, value in (("args", args), ("kwargs", kwargs)):
+        try:
+            encoded = registry.encode_plain(value)
+            plain_json[field] = json.loads(encoded) == value
+        except UnicodeEncodeError:
+            errors.add(field, ERR_NOT_UNICODE)
+            continue
+        except (TypeError, ValueError, RecursionError):
+            plain_json[field] = False
+            try:  # not plain JSON (NaN, a tuple key...): measured as it would be stored
+                encoded = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+            except (TypeError, ValueError):
+                errors.add(field, "Must be JSON.")
+                continue
+        if len(encoded) > limit:
+            errors.add(field, ERR_ARGS_TOO_LARGE.format(size=len(encoded), limit=limit))
     if task is not None and not plain:
         try:
             registry.validate_task_call(
-                task, secrets.placeholders(args), secrets.placeholders(kwargs)
+                task,
+                secrets.placeholders(args),
+                secrets.placeholders(kwargs),
+                plain_json=(plain_json.get("args", False), plain_json.get("kwargs", False)),
             )
         except registry.UnknownTask as exc:
             errors.add("task", str(exc))
         except registry.TaskArgumentError as exc:
             errors.add(exc.field, exc.message)
-    limit = settings.SCHEDULER_MAX_ARGS_BYTES
-    for field, value in (("args", args), ("kwargs", kwargs)):
-        try:
-            size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
-        except UnicodeEncodeError:
-            errors.add(field, ERR_NOT_UNICODE)
-            continue
-        except (TypeError, ValueError):
-            errors.add(field, "Must be JSON.")
-            continue
-        if size > limit:
-            errors.add(field, ERR_ARGS_TOO_LARGE.format(size=size, limit=limit))
 
 
 ERR_FOREIGN_SECRET = (
