@@ -43,16 +43,34 @@ def preparer(field: models.Field) -> Preparer:
 
 
 def insert(
-    model: type[models.Model], fields: Sequence[models.Field], rows: Sequence[Sequence[Any]]
+    model: type[models.Model],
+    fields: Sequence[models.Field],
+    rows: Sequence[Sequence[Any]],
+    *,
+    shared: dict[models.Field, Any] | None = None,
 ) -> list[int]:
-    """INSERT ``rows`` (values prepared for the database, in ``fields``' order) in as few
-    statements as the engine allows; returns their ids in the rows' order (``RETURNING``: no
-    second query to find them)."""
+    """INSERT ``rows`` (values prepared for the database, in ``fields``' order), and in every row
+    the ``shared`` columns' values (prepared), in as few statements as the engine allows; returns
+    the rows' ids in their order (``RETURNING``: no second query to find them).
+
+    On MySQL/MariaDB the shared values are quoted once, by the driver's own escaping, and written
+    into the statement's row template: the driver then quotes only each row's own values (it
+    quoted every value of every row, 19 a run for enqueued runs)."""
+    shared = shared or {}
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
-    columns = ", ".join(quote(field.column) for field in fields)
-    row_marks = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    per_statement = max(1, connection.ops.bulk_batch_size(list(fields), list(rows)))
+    all_fields = [*fields, *shared]
+    columns = ", ".join(quote(field.column) for field in all_fields)
+    if shared and connection.vendor == "mysql":
+        connection.ensure_connection()
+        literal = connection.connection.literal
+        inlined = [literal(value).decode().replace("%", "%%") for value in shared.values()]
+        row_marks = "(" + ", ".join(["%s"] * len(fields) + inlined) + ")"
+        shared_params: list[Any] = []
+    else:
+        row_marks = "(" + ", ".join(["%s"] * len(all_fields)) + ")"
+        shared_params = list(shared.values())
+    per_statement = max(1, connection.ops.bulk_batch_size(all_fields, list(rows)))
     ids: list[int] = []
     with connection.cursor() as cursor:
         for start in range(0, len(rows), per_statement):
@@ -61,7 +79,7 @@ def insert(
                 f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608 (names only, see above)
                 f"{', '.join([row_marks] * len(chunk))} RETURNING {quote(model._meta.pk.column)}"
             )
-            cursor.execute(sql, [value for row in chunk for value in row])
+            cursor.execute(sql, [value for row in chunk for value in (*row, *shared_params)])
             # Ids grow in the order rows are inserted (both engines), whatever order RETURNING
             # reports them in.
             ids += sorted(row[0] for row in cursor.fetchall())

@@ -269,43 +269,39 @@ def create_enqueued(
         "traceback": "",
         "output": "",
     }
-    own = ("scheduled_for", "run_after", "priority", "args", "kwargs")
-    inserted = [field for field in fields if field.attname in shared or field.attname in own]
+    own = ["scheduled_for", "run_after", "priority", "args", "kwargs"]
     # The columns every run shares are prepared for the database once; the rest per run.
     constant = {
-        field.attname: field.get_db_prep_save(shared[field.attname], connection)
-        for field in inserted
-        if field.attname in shared
+        meta.get_field(name): meta.get_field(name).get_db_prep_save(value, connection)
+        for name, value in shared.items()
     }
     args_field, kwargs_field = meta.get_field("args"), meta.get_field("kwargs")
     adapt_datetime = connection.ops.adapt_datetimefield_value
     rows = []
     for run, slot, priority in zip(runs, slots, priorities, strict=True):
         at = adapt_datetime(slot)
-        own_values = {
-            "scheduled_for": at,
-            "run_after": at,
-            "priority": priority,
-            "args": args_field.get_db_prep_save(run["args"], connection),
-            "kwargs": kwargs_field.get_db_prep_save(run["kwargs"], connection),
-        }
-        rows.append([constant.get(f.attname, own_values.get(f.attname)) for f in inserted])
-    ids = bulk.insert(JobExecution, inserted, rows)
+        rows.append(
+            (
+                at,
+                at,
+                priority,
+                args_field.get_db_prep_save(run["args"], connection),
+                kwargs_field.get_db_prep_save(run["kwargs"], connection),
+            )
+        )
+    ids = bulk.insert(JobExecution, [meta.get_field(name) for name in own], rows, shared=constant)
+    # The instances returned: every concrete column in the model's order, from a template.
     names = [field.attname for field in fields]
+    template = [shared.get(name) for name in names]
+    slots_at = [names.index(name) for name in ("id", *own)]
     created = []
     for pk, run, slot, priority in zip(ids, runs, slots, priorities, strict=True):
-        values = {
-            **shared,
-            "id": pk,
-            "scheduled_for": slot,
-            "run_after": slot,
-            "priority": priority,
-            "args": run["args"],
-            "kwargs": run["kwargs"],
-        }
-        created.append(
-            JobExecution.from_db(connection.alias, names, [values.get(n) for n in names])
-        )
+        values = template.copy()
+        for index, value in zip(
+            slots_at, (pk, slot, slot, priority, run["args"], run["kwargs"]), strict=True
+        ):
+            values[index] = value
+        created.append(JobExecution.from_db(connection.alias, names, values))
     announce(execution_id=created[0].pk, job_id=job.pk, status=S.PENDING)
     return created
 

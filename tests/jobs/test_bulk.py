@@ -62,3 +62,41 @@ def test_update_sets_each_rows_own_values_where_the_condition_holds():
     assert got["j0"] == (0, later, "q")
     assert got["j2"] == (2, later + timedelta(seconds=2), "q")
     assert got["j1"][0] == jobs[1].priority and got["j1"][2] == "default"  # left alone
+
+
+def test_shared_values_are_stored_as_given_quotes_and_percent_signs_included():
+    """Shared columns are quoted once into the statement on MariaDB: text that looks like SQL or
+    like a placeholder is stored as it is."""
+    job = make_job()
+    meta = JobExecution._meta
+    now = timezone.now()
+    text = "50% off; it's \\ a %s 'quote' -- ü"
+    shared = {
+        meta.get_field(name): meta.get_field(name).get_db_prep_save(value, bulk.connection)
+        for name, value in {
+            "job_id": job.pk,
+            "attempt": 1,
+            "trigger": "enqueue",
+            "status": "pending",
+            "queue": "default",
+            "node": "",
+            "cancel_requested": False,
+            "reason": text,
+            "created_at": now,
+            "updated_at": now,
+            "error": "",
+            "traceback": "",
+            "output": "",
+        }.items()
+    }
+    own = [meta.get_field(name) for name in ("scheduled_for", "run_after", "priority")]
+    adapt = bulk.connection.ops.adapt_datetimefield_value
+    rows = [
+        (adapt(now + timedelta(microseconds=k)), adapt(now + timedelta(microseconds=k)), k)
+        for k in range(3)
+    ]
+    ids = bulk.insert(JobExecution, own, rows, shared=shared)
+    stored = list(JobExecution.objects.filter(pk__in=ids).order_by("pk"))
+    assert [s.reason for s in stored] == [text] * 3
+    assert [s.priority for s in stored] == [0, 1, 2]
+    assert stored[0].cancel_requested is False and stored[0].created_at == now
