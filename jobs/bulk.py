@@ -125,6 +125,12 @@ def update(
     for name in columns:
         field = meta.get_field(name)
         prepare = preparer(field)
+        first = rows[0][1][name]
+        if all(values[name] is first for _, values in rows):
+            # One value for every row (an outcome's stamp, an empty error): prepared once.
+            assignments.append(f"{quote(field.column)} = %s")
+            params.append(prepare(first))
+            continue
         prepared = [prepare(values[name]) for _, values in rows]
         if all(value == prepared[0] for value in prepared):
             assignments.append(f"{quote(field.column)} = %s")
