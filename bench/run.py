@@ -490,6 +490,22 @@ def _fault_metrics(rows: list, at: float, jobs: list[str], window: tuple[float, 
     }
 
 
+def _lost_in(window: tuple[float, float]) -> dict[str, Any]:
+    """The slots of the window whose run is recorded ``lost`` (in flight on the killed node: the
+    indeterminate case, at most once with no retries), and their reasons."""
+    from jobs.models import JobExecution
+
+    lost = JobExecution.objects.filter(
+        status="lost",
+        scheduled_for__gte=datetime.fromtimestamp(window[0], tz=UTC),
+        scheduled_for__lt=datetime.fromtimestamp(window[1], tz=UTC),
+    )
+    return {
+        "lost_recorded": lost.count(),
+        "lost_reasons": sorted(set(lost.values_list("reason", flat=True))),
+    }
+
+
 def w3(env: Environment, *, jobs: int = 10, settle_s: float = 8, after_s: float = 10) -> dict:
     from cluster.models import LeadershipTerm
 
@@ -513,6 +529,7 @@ def w3(env: Environment, *, jobs: int = 10, settle_s: float = 8, after_s: float 
         result["sigkill"] = {
             **_fault_metrics(read_records(path), killed_at, names, kill_window),
             "takeover_s": new.acquired_at.timestamp() - killed_at if new else math.nan,
+            **_lost_in(kill_window),
         }
         leader, term = wait_for_leader()
         stopped_at = time.time()
@@ -523,6 +540,7 @@ def w3(env: Environment, *, jobs: int = 10, settle_s: float = 8, after_s: float 
         result["sigterm"] = {
             **_fault_metrics(read_records(path), stopped_at, names, term_window),
             "handover_s": new.acquired_at.timestamp() - stopped_at if new else math.nan,
+            **_lost_in(term_window),
         }
     finally:
         nodes.stop()
@@ -711,9 +729,10 @@ def summary_table(results: dict[str, Any]) -> str:
         kill = w3r["sigkill"]
         rows.append(
             (
-                "W3 SIGKILL of the leader 50 ms before a slot: gap p99; takeover; dup / lost",
+                "W3 SIGKILL of the leader 50 ms before a slot: gap p99; takeover; dup / slots "
+                "without a run (of them recorded lost)",
                 f"{kill['gap_s']['p99']:.2f} s; {kill['takeover_s']:.2f} s; "
-                f"{kill['duplicates']} / {kill['skipped']}",
+                f"{kill['duplicates']} / {kill['skipped']} ({kill['lost_recorded']})",
                 f"{peer3['gap_s']['p99']:.2f} s (tuned: 2 s lock, 1 s loop); "
                 f"{peer3.get('duplicate_fires')} / {peer3.get('lost_slots')}"
                 if peer3
@@ -726,7 +745,7 @@ def summary_table(results: dict[str, Any]) -> str:
         term = w3r["sigterm"]
         rows.append(
             (
-                "W3 SIGTERM of the leader: handover; gap p99; dup / lost",
+                "W3 SIGTERM of the leader: handover; gap p99; dup / slots without a run",
                 f"{term['handover_s'] * 1000:.0f} ms; {term['gap_s']['p99']:.2f} s; "
                 f"{term['duplicates']} / {term['skipped']}",
                 "—",
