@@ -120,6 +120,32 @@ def test_sigkill_of_the_leader_near_a_slot_loses_only_its_runs_in_flight(make_si
     assert not skips.exists(), list(skips.values_list("job__name", "scheduled_for"))
 
 
+@pytest.mark.parametrize("before_slot", [0.05, 0.2])
+def test_a_leader_killed_before_an_instant_holds_none_of_its_runs_while_others_have_room(
+    make_sim, before_slot
+):
+    """The leader claims runs not yet due only 0.35 s ahead, the others 0.75 s: with room on the
+    others, a leader killed inside the prepare window holds none of the slot's runs. Nothing is
+    lost, and the runs of the slots after, claimed by the others, run on time though there is no
+    leader for about two seconds."""
+    sim = make_sim()
+    jobs = [sim.create_job(name=f"tick-{k}") for k in range(10)]
+    sim.advance(3)
+    victim = sim.leader()
+    assert victim is not None
+    slot = next_slot(sim, after=1.0)
+    advance_to(sim, slot - before_slot)
+    assert not JobExecution.objects.filter(node=victim, status__in=[S.PENDING, S.RUNNING]).exists()
+    sim.kill(victim)
+    sim.advance(6)
+
+    assert not JobExecution.objects.filter(status=S.LOST).exists()
+    for job in jobs:
+        starts = sorted(effect.at for effect in sim.starts(job))
+        gaps = [b - a for a, b in pairwise(starts)]
+        assert max(gaps) <= 1.5, f"{job.name} went {max(gaps):.2f} s without a run"
+
+
 def test_a_leader_frozen_past_its_lease_is_fenced_and_starts_nothing_taken_from_it(make_sim):
     """SIGSTOP of the leader for 6 s (three leases), then SIGCONT, with retries on: its runs were
     declared lost and retried elsewhere; on resume it starts none of them, writes nothing with its
