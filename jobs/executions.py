@@ -571,6 +571,8 @@ class _JobCache:
         self._lock = threading.Lock()
 
     def current(self, ids: set[int]) -> dict[int, Job]:
+        if not ids:
+            return {}
         q = connection.ops.quote_name
         marks = ", ".join(["%s"] * len(ids))
         sql = (
