@@ -543,7 +543,11 @@ class NodeRunner:
         )
         claimed = self.executor.claim_once()
         self._note_claim_idle(self.executor.idle_reason)
-        return 0.0 if claimed else self.config.claim_poll_s
+        if claimed:
+            return 0.0
+        if self.executor.next_claim_in is not None:
+            return self.executor.next_claim_in
+        return self.config.claim_poll_s
 
     def _note_claim_idle(self, reason: str | None) -> None:
         """Log, at most every CLAIM_IDLE_LOG_S, that this node has claimed nothing for a reason of

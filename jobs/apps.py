@@ -7,8 +7,11 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from django.conf import settings
+        from django.db.backends.signals import connection_created
 
-        from jobs import registry
+        from jobs import driver, registry
+
+        connection_created.connect(driver.install_fast_datetimes, dispatch_uid="jobs-datetimes")
 
         registry.autodiscover()
         if getattr(settings, "SCHEDULER_DEMO_TASKS", False):

@@ -15,6 +15,7 @@ the steps themselves for a deterministic test harness.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import queue
@@ -93,6 +94,13 @@ PREPARE_WORKERS = 4
 # How many of its latest active runs a node remembers for its self-audit (see reconcile).
 LAUNCHED_REMEMBERED = 100_000
 GUARDED_POLICIES = (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE)
+# A node behind (its last claim took all it asked for, of runs already due: more are waiting)
+# claims again once this share of its capacity is free, or CLAIM_GATHER_S after the first slot
+# freed, rather than at each slot: a claim costs about the same whatever its size (five round
+# trips and the statements' own work), and in a burst of short runs a node that claimed a few
+# at a time spent more of the machine on claiming than on running them.
+CLAIM_GATHER_SHARE = 0.5
+CLAIM_GATHER_S = 0.005
 
 
 class Executor:
@@ -150,6 +158,12 @@ class Executor:
         # Called when capacity frees (an outcome written, a claim given up): the node's claim
         # loop looks again at once instead of at its next poll.
         self.on_room: Callable[[], None] = lambda: None
+        # Claim gathering (see CLAIM_GATHER_SHARE): whether the last claim left runs due behind
+        # it, when room first freed since, and how long the claim loop may wait before it looks
+        # again (None: until it is woken, or its poll).
+        self._behind = False
+        self._room_since: float | None = None
+        self.next_claim_in: float | None = None
         self.claiming = True
         # Why the last claim pass took nothing (None when it claimed, or failed).
         self.idle_reason: str | None = None
@@ -225,10 +239,18 @@ class Executor:
             # A node that cannot show it is still a member claims nothing it could not start.
             self.idle_reason = "membership unconfirmed"
             return 0
+        self.next_claim_in = None
         free = self.capacity - self.load
         if free <= 0:
             self.idle_reason = "full"
+            self._room_since = None
             return 0
+        wait = self._gather_wait(free)
+        if wait > 0:
+            self.idle_reason = "gathering room"
+            self.next_claim_in = wait
+            return 0
+        self._room_since = None
         self.idle_reason = None
         prefix = executions.new_claim_prefix()
         with self._lock:
@@ -242,6 +264,26 @@ class Executor:
         finally:
             with self._lock:
                 self._claims_in_flight.discard(prefix)
+
+    def _gather_threshold(self) -> int:
+        return max(1, int(self.capacity * CLAIM_GATHER_SHARE))
+
+    def _gather_wait(self, free: int) -> float:
+        """Seconds the claim loop waits for more room before claiming ``free`` slots (0: now)."""
+        if not self._behind or free >= self._gather_threshold():
+            return 0.0
+        now = self.clock.monotonic()
+        if self._room_since is None:
+            self._room_since = now
+        return max(0.0, self._room_since + CLAIM_GATHER_S - now)
+
+    def _room(self) -> None:
+        """Room freed: wake the claim loop, unless it is gathering and the room is not yet worth a
+        claim (it comes back by itself within CLAIM_GATHER_S)."""
+        if self._behind and self.capacity - self.load < self._gather_threshold():
+            if self._room_since is not None:
+                return
+        self.on_room()
 
     def _claim(self, free: int, prefix: str) -> int:
         epoch = self.membership.epoch
@@ -267,6 +309,13 @@ class Executor:
                     end=claim_end,
                     attributes={"scheduler.node": self.node_id, "scheduler.batch": len(claimed)},
                 )
+        # Behind: every slot asked for was filled, and with runs due already (not claimed ahead
+        # of their instant): more are likely waiting.
+        self._behind = (
+            len(claimed) == free
+            and free > 0
+            and max(execution.run_after for execution in claimed) <= now
+        )
         if not claimed:
             self.idle_reason = "nothing due"
             return 0
@@ -664,7 +713,8 @@ class Executor:
         for item, _ in starts:
             by_planned.setdefault(max(item.due, now), []).append(item)
         won: set[int] = set()
-        with transaction.atomic():
+        # One instant (the usual case) is one statement, committed by itself.
+        with contextlib.nullcontext() if len(by_planned) == 1 else transaction.atomic():
             for planned, group in by_planned.items():
                 won |= executions.start_batch(
                     [item.execution for item in group],
@@ -699,7 +749,7 @@ class Executor:
     def _forget(self, execution_id: int) -> None:
         with self._lock:
             self._claimed.discard(execution_id)
-        self.on_room()
+        self._room()
 
     def _apply(self, execution: JobExecution, decision: Decision) -> None:
         """Carry out a decision other than Start for a claimed, unstarted run."""
@@ -770,6 +820,7 @@ class Executor:
         as soon as this body is over, however far behind the finisher is. A thread body given up
         on (timeout, cancel, lock lost) may still be running: its lock goes after the write."""
         run = outcome.run
+        lock = None
         with self._lock:
             if run.completed:
                 return False
@@ -777,12 +828,14 @@ class Executor:
             self._active.pop(run.execution.pk, None)
             self._unwritten += 1
             self._finishing.add(run.execution.pk)
+            if body_ended and run.process is None:
+                lock, run.lock = run.lock, None
         if run.process is not None:
             if run.process.is_alive():
                 run.process.kill()
                 run.process.join(PROCESS_REAP_S)  # reap it: no zombie left behind
             body_ended = body_ended or not run.process.is_alive()
-        lock = self._take_lock(run) if body_ended else None
+            lock = self._take_lock(run) if body_ended else None
         # Metrics and spans are recorded by the finisher's thread (``_written``): a body's thread
         # does as little as it can after the task returns, for the bodies due at the same instant
         # still waiting for the interpreter to start theirs.
@@ -792,7 +845,7 @@ class Executor:
         # Room again (an outcome waiting for the finisher counts only beyond a budget): the
         # claim loop looks now, not after the outcome's write (runs beyond a full node's
         # capacity at a whole second waited for that write, then for their claim).
-        self.on_room()
+        self._room()
         return True
 
     def _take_lock(self, run: ActiveRun) -> LockWatchdog | None:
@@ -811,7 +864,7 @@ class Executor:
         with self._lock:
             self._unwritten -= len(batch)
             self._finishing.difference_update(o.run.execution.pk for o in batch)
-        self.on_room()
+        self._room()
         traced = tracing.enabled()
         for outcome in batch:
             run = outcome.run

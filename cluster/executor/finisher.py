@@ -63,7 +63,8 @@ class Finisher:
         self.clock = clock
         self.on_written = on_written
         self.running = running
-        self._queue: queue.Queue[Outcome] = queue.Queue()
+        # A SimpleQueue: a put is one C call, no condition to notify (every run's body puts).
+        self._queue: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._streamed_at = 0.0
 
     def put(self, outcome: Outcome) -> None:
@@ -153,11 +154,10 @@ class Finisher:
         while not written:
             attempt += 1
             try:
-                now = self._now()
-                with transaction.atomic():
-                    won = executions.finish_batch(
-                        [(outcome.run.execution, _keywords(outcome)) for outcome in batch], now=now
-                    )
+                won = executions.finish_batch(
+                    [(outcome.run.execution, _keywords(outcome)) for outcome in batch],
+                    now=self._now(),
+                )
                 node_metrics.fenced(len(batch) - len(won))
                 written = True
                 if tracing.enabled():

@@ -37,7 +37,7 @@ from cluster.executor import (
 from cluster.executor import core as executor_core
 from cluster.executor.output import install_output_capture
 from cluster.membership import Membership
-from jobs import executions, services
+from jobs import driver, executions, services
 from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
 from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
@@ -316,6 +316,11 @@ def test_a_run_whose_membership_lapsed_before_its_instant_is_handed_back(tmp_pat
         assert runner.claim_once() == 1
 
         wait_for(lambda: runner.load == 0, OUTCOME_TIMEOUT_S)
+        # The hand-back is written just after the run stops counting against capacity.
+        wait_for(
+            lambda: JobExecution.objects.filter(pk=execution.pk, status=S.PENDING).exists(),
+            OUTCOME_TIMEOUT_S,
+        )
 
         row = JobExecution.objects.get(pk=execution.pk)
         assert (row.status, row.claim_token, row.node, row.started_at) == (
@@ -1124,10 +1129,11 @@ def test_a_start_that_fails_inside_the_claim_leaves_the_run_unclaimed(executor, 
     """The claim and its start are one transaction: a database gone after the claim's writes,
     before its commit, leaves the row as it was (claimable), nothing tracked, no capacity held."""
 
-    def failing_announce(*args, **kwargs):
+    def write_then_fail(self, sql, params=()):
+        self.execute(sql, params)  # the claim's UPDATE, not committed
         raise OperationalError("(2013, 'Lost connection to server during query')")
 
-    monkeypatch.setattr(executions, "announce_many", failing_announce)
+    monkeypatch.setattr(driver.Transaction, "execute_and_commit", write_then_fail)
     execution = submit(make_job("cut", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW))
     with pytest.raises(OperationalError):
         executor.claim_once()
