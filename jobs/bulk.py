@@ -4,12 +4,14 @@ Django's ``bulk_update`` builds a ``Case(When(pk=..., then=Value(...)))`` expres
 field and resolves each (about 0.9 ms a job in the leader's tick of 5,000 one-off jobs, profiled);
 ``bulk_create`` prepares every field of every row generically. Both are in the hot paths (the
 leader's fires, the finisher's outcomes, enqueued runs). Here a statement's text is built once per
-call, with one placeholder per value, and every value is a parameter: only the model's own table
-and column names go into the text.
+call, with one placeholder per value: only the model's own table and column names go into the
+text, and (``update``) values whose type guarantees a safe form (numbers, dates).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -105,6 +107,24 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
         obj._state.db = connection.alias
 
 
+def _inline(value: Any) -> str | None:
+    """``value`` (prepared for the database) as SQL text when its type guarantees a safe form:
+    whole numbers, finite floats, and dates as the engine's adapter wrote them (digits and
+    ``-: .`` only). None for anything else, which stays a parameter."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float and math.isfinite(value):
+        return repr(value)
+    if kind is str and _DATE_TEXT.fullmatch(value):
+        return f"'{value}'"
+    return None
+
+
+# A date or date-time as both engines' adapters write one ("2026-12-02 22:00:00.123456").
+_DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2}:\d{2}(\.\d{1,6})?)?")
+
+
 def update(
     model: type[models.Model],
     rows: Sequence[tuple[int, dict[str, Any]]],
@@ -116,10 +136,15 @@ def update(
     """One UPDATE setting ``columns`` (field names) of each row (pk, {field name: value}): a
     column whose values all agree is set to that one value, the others to a ``CASE`` on the id.
     ``where`` adds conditions (SQL over the model's columns, ``%s`` placeholders for
-    ``where_params``) to ``id IN (...)``. Returns the rows matched."""
+    ``where_params``) to ``id IN (...)``. Returns the rows matched.
+
+    The ids, and the values that are numbers or dates, are written into the statement's text
+    (``_inline``): the driver quoted each parameter with a Python call of its own, about 1 us
+    each and ten a row for the finisher's outcomes. Text values stay parameters."""
     meta = model._meta
     quote = connection.ops.quote_name
     id_column = quote(meta.pk.column)
+    ids = [str(int(pk)) for pk, _ in rows]
     assignments: list[str] = []
     params: list[Any] = []
     for name in columns:
@@ -136,16 +161,19 @@ def update(
             assignments.append(f"{quote(field.column)} = %s")
             params.append(prepared[0])
             continue
-        cases = " ".join(["WHEN %s THEN %s"] * len(rows))
-        assignments.append(f"{quote(field.column)} = CASE {id_column} {cases} END")
-        for (pk, _), value in zip(rows, prepared, strict=True):
-            params += [pk, value]
-    marks = ", ".join(["%s"] * len(rows))
+        cases = []
+        for pk, value in zip(ids, prepared, strict=True):
+            text = _inline(value)
+            if text is None:
+                cases.append(f"WHEN {pk} THEN %s")
+                params.append(value)
+            else:
+                cases.append(f"WHEN {pk} THEN {text}")
+        assignments.append(f"{quote(field.column)} = CASE {id_column} {' '.join(cases)} END")
     sql = (
         f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608 (see above)
-        f"WHERE {id_column} IN ({marks}){f' AND {where}' if where else ''}"
+        f"WHERE {id_column} IN ({', '.join(ids)}){f' AND {where}' if where else ''}"
     )
-    params += [pk for pk, _ in rows]
     params += list(where_params)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

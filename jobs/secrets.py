@@ -168,13 +168,19 @@ def resolve_call(args: list, kwargs: dict) -> tuple[list, dict, list[str]]:
     """The call's arguments with their secrets, and the secret values revealed (to ``scrub``
     from what the run records)."""
     # Always copies: a task that changes its arguments must not change its job's (a job's
-    # definition is shared by the runs a node claims).
-    found = {name: lookup(name) for name in sorted(referenced(args) | referenced(kwargs))}
-    return (
-        _replace_references(args, found.__getitem__),
-        _replace_references(kwargs, found.__getitem__),
-        list(found.values()),
-    )
+    # definition is shared by the runs a node claims). One walk per argument list copies and
+    # resolves together (every run of a node goes through here).
+    found: dict[str, str] = {}
+
+    def reveal(name: Any) -> str:
+        if not isinstance(name, str):
+            return lookup(name)  # not a name: SecretMissing says so
+        if name not in found:
+            found[name] = lookup(name)
+        return found[name]
+
+    resolved = (_replace_references(args, reveal), _replace_references(kwargs, reveal))
+    return resolved[0], resolved[1], list(found.values())
 
 
 # A revealed value shorter than this is not scrubbed (it would mangle ordinary text).

@@ -58,6 +58,9 @@ _stdout_lock = threading.Lock()
 def install_output_capture() -> ThreadOutput:
     """The process's capturing stdout, installed (again) if someone replaced it."""
     global _stdout
+    current = _stdout
+    if current is not None and sys.stdout is current:
+        return current  # installed already (every run asks: no lock for the usual answer)
     with _stdout_lock:
         if _stdout is None:
             _stdout = ThreadOutput(sys.stdout)
