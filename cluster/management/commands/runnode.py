@@ -8,7 +8,6 @@ database or the coordination backend cannot be reached waits for them (logging e
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -32,6 +31,7 @@ from cluster.node import (
 )
 from scheduler_project import scheduler_settings
 from scheduler_project.logging import set_process_context
+from scheduler_project.startup import freeze_loaded
 
 logger = logging.getLogger("cluster.runnode")
 EXIT_USAGE = 2
@@ -187,11 +187,7 @@ class Command(BaseCommand):
             return
         connections.close_all()  # the main thread holds none while the node runs
         server = self._serve_metrics(node, knobs["METRICS_HOST"], knobs["METRICS_PORT"])
-        # Everything loaded so far (Django, the apps, the tasks) lives as long as the process: out
-        # of the collector's sight, a full collection no longer walks it (one took 40-90 ms, and
-        # every body of the node waits for it).
-        gc.collect()
-        gc.freeze()
+        freeze_loaded()  # Django, the apps, the tasks: out of the collector's sight
         node.start(registered=True)
         self.stdout.write(f"node {config.node_id} running (pid {os.getpid()})")
         self.stdout.flush()
