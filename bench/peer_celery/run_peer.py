@@ -48,6 +48,7 @@ from pathlib import Path
 
 import redis
 
+from bench.cpu import CpuMeter, descendants
 from bench.records import RecordCounter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -585,6 +586,7 @@ def run_w2(
     queue = f"{namespace}-celery"
     record_file = workdir / "records.txt"
     redis_proc = worker = None
+    meter: CpuMeter | None = None
     ready = False
     first_submit = last_submit = math.nan
     try:
@@ -607,6 +609,16 @@ def run_w2(
             )
             if not ready:
                 raise RuntimeError(f"celery worker not ready after {ready_timeout_s}s")
+            # What the worker (its pool included), its Redis and this client spend per run, as
+            # bench.run measures for us.
+            meter = CpuMeter(
+                {
+                    "worker": descendants(worker.pid),
+                    "redis": [redis_proc.pid] if redis_proc is not None else [],
+                    "client": [os.getpid()],
+                }
+            )
+            meter.start()
             first_submit = time.time()
             for i in range(count):
                 record.apply_async(
@@ -616,6 +628,7 @@ def run_w2(
                 )
             last_submit = time.time()
         _wait_records(record_file, "w2-", count, timeout_s)
+        meter.stop()
         backlog = _queue_len(redis_url, namespace)
         worker_alive = worker.poll() is None
     finally:
@@ -625,6 +638,8 @@ def run_w2(
         _stop(redis_proc, grace_s=5)
     records = [r for r in read_records(record_file) if r[0].startswith("w2-")]
     out = analyse_w2(records, count, first_submit, last_submit)
+    out["cpu_us_per_run"] = meter.per_run_us(len(records)) if meter is not None else {}
+    out["steal_share"] = meter.steal_share if meter is not None else None
     out.update(
         workload="W2",
         peer="celery",
