@@ -1,0 +1,149 @@
+"""Claim gathering: a node behind a backlog of runs already due claims again once half its capacity
+is free, or CLAIM_GATHER_S after the first slot freed, not at every freed slot; a node that is not
+behind claims at once. On a settable clock, real rows, bodies completed by hand."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from cluster.clock import SettableClock
+from cluster.coordination.memory import MemoryBackend
+from cluster.executor import core
+from cluster.executor.core import CLAIM_GATHER_S, Executor
+from cluster.executor.runs import ActiveRun, Outcome
+from cluster.membership import Membership
+from jobs import services
+from jobs.models import JobExecution
+from jobs.states import ExecutionStatus
+
+pytestmark = pytest.mark.django_db
+
+S = ExecutionStatus
+CAPACITY = 8
+_names = itertools.count(1)
+
+
+class Collected:
+    """A runner that starts nothing: the test ends each run itself."""
+
+    def __init__(self) -> None:
+        self.runs: list[ActiveRun] = []
+
+    def launch(self, host: object, runs: list[ActiveRun]) -> None:
+        self.runs += runs
+
+
+@pytest.fixture
+def node() -> tuple[Executor, Collected, SettableClock, list[int]]:
+    clock = SettableClock(time.time() + 1)
+    backend = MemoryBackend(clock=clock)
+    membership = Membership(backend, "gatherer", ttl_s=3600, clock=clock)
+    membership.renew({})
+    runner = Collected()
+    executor = Executor(
+        node_id="gatherer",
+        queues=["default"],
+        capacity=CAPACITY,
+        backend=backend,
+        membership=membership,
+        heartbeat_s=1.0,
+        clock=clock,
+        runner=runner,
+        inline=True,
+    )
+    woken: list[int] = []
+    executor.on_room = lambda: woken.append(1)
+    return executor, runner, clock, woken
+
+
+def enqueue(count: int, *, due_in_s: float = 0.0) -> None:
+    """``count`` runs of a job of their own, due now (the clock runs a second ahead of real time)
+    or ``due_in_s`` of real time from now."""
+    job = services.job_create(
+        data={
+            "name": f"burst-{next(_names)}",
+            "task": "noop",
+            "schedule_type": "interval",
+            "interval_seconds": 86_400,
+            "enabled": False,
+            "concurrency_policy": "allow",
+        },
+        by=services.SYSTEM,
+    )
+    run_at = (timezone.now() + timedelta(seconds=due_in_s)).isoformat() if due_in_s else None
+    services.runs_enqueue(
+        job_id=job.pk, items=[{"run_at": run_at} for _ in range(count)], by=services.SYSTEM
+    )
+
+
+def finish(executor: Executor, runner: Collected, count: int) -> None:
+    for run in runner.runs[:count]:
+        started = executor.clock.now()
+        executor.complete(
+            Outcome(run, S.SUCCEEDED, started=started, ended=started), body_ended=True
+        )
+    del runner.runs[:count]
+
+
+def test_a_node_behind_waits_for_half_its_capacity_before_it_claims_again(node):
+    executor, runner, clock, woken = node
+    enqueue(30)
+    assert executor.claim_once() == CAPACITY  # every slot filled with runs due: behind
+
+    finish(executor, runner, 1)
+    assert woken == [1]  # the first freed slot wakes the claim loop: it starts to gather
+    assert executor.claim_once() == 0
+    assert executor.next_claim_in == pytest.approx(CLAIM_GATHER_S)
+    finish(executor, runner, 2)
+    assert woken == [1]  # gathering: slots freed below half the capacity wake nobody
+    clock.advance(CLAIM_GATHER_S / 2)
+    assert executor.claim_once() == 0
+    assert executor.next_claim_in == pytest.approx(CLAIM_GATHER_S / 2)
+
+    finish(executor, runner, 1)  # half the capacity free: a claim is worth it now
+    assert woken == [1, 1]
+    assert executor.claim_once() == CAPACITY // 2
+    assert executor.next_claim_in is None
+    executor.finisher.flush()
+    assert JobExecution.objects.filter(status=S.SUCCEEDED).count() == 4
+
+
+def test_a_node_behind_claims_what_is_free_once_the_gathering_time_is_up(node):
+    """Long runs free slots slowly: a freed slot waits at most CLAIM_GATHER_S for company."""
+    executor, runner, clock, _ = node
+    enqueue(30)
+    assert executor.claim_once() == CAPACITY
+    finish(executor, runner, 1)
+    assert executor.claim_once() == 0
+    clock.advance(CLAIM_GATHER_S)
+    assert executor.claim_once() == 1
+
+
+def test_a_node_that_took_all_that_was_due_claims_at_the_first_free_slot(node):
+    executor, runner, _, woken = node
+    enqueue(5)
+    assert executor.claim_once() == 5  # fewer than it asked for: nothing left behind it
+    enqueue(5)
+    finish(executor, runner, 1)
+    assert woken == [1]
+    assert executor.claim_once() == 4  # the 3 free and the 1 just freed, at once
+
+
+def test_runs_claimed_ahead_of_their_instant_do_not_make_a_node_behind(node, monkeypatch):
+    """At a whole second a node full of runs claimed ahead starts them together; the runs beyond
+    the cluster's slots are claimed at the first slot that frees, not after a gathering wait."""
+    executor, runner, clock, _ = node
+    monkeypatch.setattr(core, "PREPARE_AHEAD_S", 0.0)
+    enqueue(CAPACITY, due_in_s=1.5)  # half a second ahead of the node's clock
+    executor.lookahead_s = 1.0
+    assert executor.claim_once() == CAPACITY  # all slots, but none due yet
+    clock.advance(1.0)
+    enqueue(3)
+    executor.starter_step()  # admitted and started at their instant
+    finish(executor, runner, 1)
+    assert executor.claim_once() == 1
