@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, models
 
 Preparer = Callable[[Any], Any]
@@ -38,7 +39,7 @@ def preparer(field: models.Field) -> Preparer:
     generic steps for the plain kinds (text and numbers as they are, dates adapted directly)."""
     kind = field.get_internal_type()
     if kind == "DateTimeField":
-        if connection.vendor == "mysql" and connection.timezone_name == "UTC":
+        if connection.vendor == "mysql" and settings.USE_TZ and connection.timezone_name == "UTC":
             return _utc_datetime_text
         adapt = connection.ops.adapt_datetimefield_value
         return lambda value: None if value is None else adapt(value)
@@ -135,7 +136,7 @@ def _inline(value: Any) -> str | None:
 
 
 # A date or date-time as both engines' adapters write one ("2026-12-02 22:00:00.123456").
-_DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2}:\d{2}(\.\d{1,6})?)?")
+_DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2}:\d{2}(\.\d{1,6})?)?", re.ASCII)
 
 
 def update(

@@ -69,8 +69,12 @@ class Transaction:
 
     def rollback(self) -> None:
         if self.inline and self._begun and not self.committed:
-            with contextlib.suppress(Exception):
+            try:
                 self.cursor.execute("ROLLBACK")
+            except Exception:
+                # A connection whose transaction may still be open (and hold row locks) is not
+                # used again: closed, the server ends the transaction.
+                connection.close()
 
     def _next_result(self) -> None:
         with connection.wrap_database_errors:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils.timezone import now as timezone_now
 
@@ -415,13 +416,22 @@ def claim_batch(
         picked_ids = {execution.pk for execution in picked}
         # Each row gets its own token "<batch>-<id>"; the runs to start now are claimed and
         # marked running in the same statement (one row change each, not two). The rows are
-        # locked by this transaction, so every one of them matches.
+        # locked by this transaction, so every one of them matches; the statement still asks
+        # that each be pending and unclaimed.
         statement, params = _claim_statement(
             sql, claimed, picked_ids, prefix, node_id, now, started_at
         )
         matched = script.execute_and_commit(statement, params)
-        if matched != len(claimed):
-            raise RuntimeError(f"claim matched {matched} of the {len(claimed)} rows it had locked")
+    if matched != len(claimed):
+        # Committed with the statement: the claim is what the rows say.
+        logger.warning(
+            "claim %s matched %d of the %d rows it had locked; keeping those that carry its token",
+            prefix,
+            matched,
+            len(claimed),
+        )
+        claimed = _claimed_after_all(claimed, prefix)
+        picked_ids &= {execution.pk for execution in claimed}
     for execution in claimed:
         execution.claim_token = f"{prefix}{execution.pk}"
         execution.node, execution.claimed_at, execution.updated_at = node_id, now, started_at
@@ -429,6 +439,17 @@ def claim_batch(
             execution.status, execution.started_at = S.RUNNING, started_at
     announce_many([(e.pk, e.job_id, S.RUNNING) for e in claimed if e.pk in picked_ids])
     return claimed
+
+
+def _claimed_after_all(claimed: list[JobExecution], prefix: str) -> list[JobExecution]:
+    """The rows of ``claimed`` that carry this claim's token (read after its commit)."""
+    tokens = {f"{prefix}{execution.pk}": execution for execution in claimed}
+    won = set(
+        JobExecution.objects.filter(claim_token__in=list(tokens)).values_list(
+            "claim_token", flat=True
+        )
+    )
+    return [execution for token, execution in tokens.items() if token in won]
 
 
 def _claim_statement(
@@ -445,15 +466,16 @@ def _claim_statement(
     ids = [execution.pk for execution in claimed]
     claim = [prefix, node_id, _db_datetime(now), _db_datetime(started_at)]
     marks = ", ".join(["%s"] * len(ids))
+    unclaimed = [*ids, S.PENDING]
     if not picked_ids:
-        return sql.claim.format(ids=marks), [*claim, *ids]
+        return sql.claim.format(ids=marks), [*claim, *unclaimed]
     check_transition(S.PENDING, S.RUNNING)
     if len(picked_ids) == len(ids):
         started = [S.RUNNING, _db_datetime(started_at)]
-        return sql.claim_and_start.format(ids=marks), [*claim, *started, *ids]
+        return sql.claim_and_start.format(ids=marks), [*claim, *started, *unclaimed]
     picked = list(picked_ids)
     statement = sql.claim_some_started.format(ids=marks, picked=", ".join(["%s"] * len(picked)))
-    return statement, [*claim, *picked, S.RUNNING, *picked, _db_datetime(started_at), *ids]
+    return statement, [*claim, *picked, S.RUNNING, *picked, _db_datetime(started_at), *unclaimed]
 
 
 def _lock_claimable(
@@ -530,6 +552,7 @@ class _ClaimSQL:
             f"{q('claimed_at')} = %s, {q('updated_at')} = %s"
         )
         by_ids = f"WHERE {q('id')} IN ({{ids}})"
+        still_unclaimed = f"{by_ids} AND {q('status')} = %s AND {q('claim_token')} IS NULL"
         return _ClaimSQL(
             candidates=(
                 f"SELECT c.{q('id')}, c.{q('job_id')}, j.{q('version')}, "  # noqa: S608
@@ -546,12 +569,14 @@ class _ClaimSQL:
                 if skip_locked
                 else None
             ),
-            claim=f"{claim} {by_ids}",
-            claim_and_start=f"{claim}, {q('status')} = %s, {q('started_at')} = %s {by_ids}",
+            claim=f"{claim} {still_unclaimed}",
+            claim_and_start=(
+                f"{claim}, {q('status')} = %s, {q('started_at')} = %s {still_unclaimed}"
+            ),
             claim_some_started=(
                 f"{claim}, {q('status')} = CASE WHEN {q('id')} IN ({{picked}}) THEN %s ELSE "
                 f"{q('status')} END, {q('started_at')} = CASE WHEN {q('id')} IN ({{picked}}) "
-                f"THEN %s ELSE {q('started_at')} END {by_ids}"
+                f"THEN %s ELSE {q('started_at')} END {still_unclaimed}"
             ),
         )
 
@@ -584,7 +609,7 @@ def _row_loader(vendor: str) -> Callable[[tuple], JobExecution]:
     documents: list[int] = []
     flags: list[int] = []
     generic = []
-    specialised = vendor == "mysql" and connection.timezone_name == "UTC"
+    specialised = vendor == "mysql" and settings.USE_TZ and connection.timezone_name == "UTC"
     for index, field in enumerate(fields):
         kind = field.get_internal_type()
         if specialised and kind == "DateTimeField":

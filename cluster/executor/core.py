@@ -197,14 +197,18 @@ class Executor:
         flight, a database slow for a moment) must not stop the node claiming; one far behind
         does."""
         with self._lock:
-            waiting = len(self._waiting)
-            return (
-                len(self._claimed)
-                - waiting
-                + max(0, waiting - self.capacity)
-                + len(self._active)
-                + max(0, self._unwritten - self.capacity)
-            )
+            return self._load_locked()
+
+    def _load_locked(self) -> int:
+        """``load``, with ``_lock`` held by the caller."""
+        waiting = len(self._waiting)
+        return (
+            len(self._claimed)
+            - waiting
+            + max(0, waiting - self.capacity)
+            + len(self._active)
+            + max(0, self._unwritten - self.capacity)
+        )
 
     def snapshot(self) -> dict[str, int]:
         """What is tracked, by kind (for a log line saying why a node claims nothing)."""
@@ -232,6 +236,7 @@ class Executor:
         """Claim what fits; returns the number claimed. Called by the node's claim loop. Why a
         pass took nothing is kept in ``idle_reason`` (the node logs one that lasts)."""
         node_metrics.claim_pass()
+        self.next_claim_in = None
         if not self.claiming:
             self.idle_reason = "draining"
             return 0
@@ -239,18 +244,21 @@ class Executor:
             # A node that cannot show it is still a member claims nothing it could not start.
             self.idle_reason = "membership unconfirmed"
             return 0
-        self.next_claim_in = None
-        free = self.capacity - self.load
+        # Room and the gathering state change together, under the lock that a run's completion
+        # takes to decide whether to wake this loop (``_room``): a wake-up cannot be lost between
+        # them.
+        with self._lock:
+            free = self.capacity - self._load_locked()
+            wait = self._gather_wait(free) if free > 0 else 0.0
+            if free <= 0 or wait <= 0:
+                self._room_since = None
         if free <= 0:
             self.idle_reason = "full"
-            self._room_since = None
             return 0
-        wait = self._gather_wait(free)
         if wait > 0:
             self.idle_reason = "gathering room"
             self.next_claim_in = wait
             return 0
-        self._room_since = None
         self.idle_reason = None
         prefix = executions.new_claim_prefix()
         with self._lock:
@@ -269,7 +277,8 @@ class Executor:
         return max(1, int(self.capacity * CLAIM_GATHER_SHARE))
 
     def _gather_wait(self, free: int) -> float:
-        """Seconds the claim loop waits for more room before claiming ``free`` slots (0: now)."""
+        """Seconds the claim loop waits for more room before claiming ``free`` slots (0: now).
+        With ``_lock`` held."""
         if not self._behind or free >= self._gather_threshold():
             return 0.0
         now = self.clock.monotonic()
@@ -280,10 +289,14 @@ class Executor:
     def _room(self) -> None:
         """Room freed: wake the claim loop, unless it is gathering and the room is not yet worth a
         claim (it comes back by itself within CLAIM_GATHER_S)."""
-        if self._behind and self.capacity - self.load < self._gather_threshold():
-            if self._room_since is not None:
-                return
-        self.on_room()
+        with self._lock:
+            gathering = (
+                self._behind
+                and self._room_since is not None
+                and self.capacity - self._load_locked() < self._gather_threshold()
+            )
+        if not gathering:
+            self.on_room()
 
     def _claim(self, free: int, prefix: str) -> int:
         epoch = self.membership.epoch
@@ -311,11 +324,13 @@ class Executor:
                 )
         # Behind: every slot asked for was filled, and with runs due already (not claimed ahead
         # of their instant): more are likely waiting.
-        self._behind = (
+        behind = (
             len(claimed) == free
             and free > 0
             and max(execution.run_after for execution in claimed) <= now
         )
+        with self._lock:
+            self._behind = behind
         if not claimed:
             self.idle_reason = "nothing due"
             return 0

@@ -139,11 +139,25 @@ def test_runs_claimed_ahead_of_their_instant_do_not_make_a_node_behind(node, mon
     the cluster's slots are claimed at the first slot that frees, not after a gathering wait."""
     executor, runner, clock, _ = node
     monkeypatch.setattr(core, "PREPARE_AHEAD_S", 0.0)
-    enqueue(CAPACITY, due_in_s=1.5)  # half a second ahead of the node's clock
-    executor.lookahead_s = 1.0
+    enqueue(CAPACITY, due_in_s=1.5)  # half a second or more ahead of the node's clock
+    executor.lookahead_s = 30.0
     assert executor.claim_once() == CAPACITY  # all slots, but none due yet
-    clock.advance(1.0)
+    clock.set(time.time() + 2.0)  # all of them due now
     enqueue(3)
     executor.starter_step()  # admitted and started at their instant
     finish(executor, runner, 1)
     assert executor.claim_once() == 1
+
+
+def test_a_gathering_wait_does_not_outlive_the_pass_that_chose_it(node):
+    """A node that stops claiming (a drain, its membership unconfirmed) right after a gathering
+    pass polls at its usual pace, not every few milliseconds."""
+    executor, runner, _, _ = node
+    enqueue(30)
+    assert executor.claim_once() == CAPACITY
+    finish(executor, runner, 1)
+    assert executor.claim_once() == 0
+    assert executor.next_claim_in is not None
+    executor.claiming = False
+    assert executor.claim_once() == 0
+    assert executor.next_claim_in is None

@@ -728,3 +728,31 @@ def test_claims_read_a_job_again_only_when_its_row_changed():
     job_pause(job_id=job.pk, by=SYSTEM)
     fourth, _ = claim_one(3)
     assert fourth.job.enabled is False
+
+
+def test_a_claim_that_matched_fewer_rows_than_it_locked_keeps_those_that_carry_its_token(
+    monkeypatch,
+):
+    """The claim's UPDATE is committed with it: should it match fewer rows than were locked, the
+    claim is what the rows say (never a row that is not marked as claimed by it)."""
+    job = make_job(concurrency_policy="allow")
+    now = timezone.now()
+    rows = [add_execution(job, slot=now - (3 - i) * SECOND) for i in range(3)]
+    real = executions_module._claim_statement
+
+    def skipping_the_first(sql, claimed, picked_ids, *args):
+        return real(sql, claimed[1:], picked_ids - {claimed[0].pk}, *args)
+
+    monkeypatch.setattr(executions_module, "_claim_statement", skipping_the_first)
+    got = claim_batch(
+        node_id=NODE,
+        queues=["default"],
+        limit=3,
+        horizon=timezone.now() + SECOND,
+        now=timezone.now(),
+        start_now=lambda claimed: claimed,
+    )
+    assert [e.pk for e in got] == [rows[1].pk, rows[2].pk]
+    assert all(e.status == S.RUNNING for e in got)
+    first = JobExecution.objects.get(pk=rows[0].pk)
+    assert (first.status, first.claim_token, first.node) == (S.PENDING, None, "")

@@ -1126,8 +1126,9 @@ def test_a_drain_during_the_claim_gives_the_started_run_back(executor, monkeypat
 
 
 def test_a_start_that_fails_inside_the_claim_leaves_the_run_unclaimed(executor, monkeypatch):
-    """The claim and its start are one transaction: a database gone after the claim's writes,
-    before its commit, leaves the row as it was (claimable), nothing tracked, no capacity held."""
+    """The claim and its start are one transaction: a claim that fails before it commits (its
+    statement refused, the connection gone before the statement and its COMMIT went out) leaves
+    the row as it was (claimable), nothing tracked, no capacity held."""
 
     def write_then_fail(self, sql, params=()):
         self.execute(sql, params)  # the claim's UPDATE, not committed
