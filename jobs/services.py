@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from jobs import bulk, events, executions, schedules
+from jobs import bulk, events, executions, registry, schedules
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
@@ -447,9 +447,10 @@ def runs_enqueue(
 ) -> list[JobExecution]:
     """Enqueue many runs of a job, each with arguments of its own (what Celery's ``apply_async``
     is to a task): all or none. Every item is checked against the job's task first (errors keyed
-    ``"<index>.<field>"``); then the runs are inserted in one statement, one audit row records
-    the request, and the nodes are woken once. Works for a paused job, like a manual trigger.
-    Raises Job.DoesNotExist, or JobValidationError with nothing written."""
+    ``"<index>.<field>"``; a task not loaded here is one ``"task"`` error); then the runs are
+    inserted in one statement, one audit row records the request, and the nodes are woken once.
+    Works for a paused job, like a manual trigger. Raises Job.DoesNotExist, or JobValidationError
+    with nothing written."""
     now = now or timezone.now()
     if not isinstance(items, list):
         raise JobValidationError({"runs": [ERR_ENQUEUE_NOT_LIST]})
@@ -460,6 +461,12 @@ def runs_enqueue(
             {"runs": [ERR_ENQUEUE_TOO_LARGE.format(limit=MAX_ENQUEUE_RUNS, count=len(items))]}
         )
     job = Job.objects.get(pk=job_id)
+    try:
+        registry.get_task(job.task)
+    except registry.UnknownTask as exc:
+        # The job's task is not loaded in this process: one error for the request, not the same
+        # one for each of its (up to 5,000) runs.
+        raise JobValidationError({"task": [str(exc)]}) from None
     errors: dict[str, list[str]] = {}
     runs: list[dict[str, Any]] = []
     for index, item in enumerate(items):

@@ -301,3 +301,19 @@ def test_the_api_enqueue_needs_the_operator_role_and_a_job(api_client_for):
     )
     assert response.status_code == 404
     assert not JobExecution.objects.exists()
+
+
+def test_a_job_whose_task_is_not_loaded_is_refused_once_not_per_run(api_client_for):
+    job = make_job()
+    Job.objects.filter(pk=job.pk).update(task="test.not_loaded_here")
+    with pytest.raises(JobValidationError) as refused:
+        runs_enqueue(job_id=job.pk, items=[{}] * 50, by=SYSTEM)
+    assert list(refused.value.errors) == ["task"]
+    assert "test.not_loaded_here" in refused.value.errors["task"][0]
+    response = api_client_for("operator").post(
+        f"/api/jobs/{job.pk}/enqueue/", {"runs": [{}, {}, {}]}, format="json"
+    )
+    assert response.status_code == 400
+    assert list(response.json()) == ["task"]
+    assert not JobExecution.objects.exists()
+    assert not AuditEvent.objects.filter(action="job.enqueue").exists()
