@@ -3,19 +3,24 @@
 ``ThreadRunner`` (the one nodes use) gives each run a thread of its own that waits for the due
 instant, passes the self-fence and runs the task: in that thread for ``thread`` isolation (fast; a
 task that overruns its timeout is abandoned, it cannot be killed), in a child process the supervisor
-kills on timeout or cancel for ``process`` isolation. A runner only talks to its host (the executor)
-through ``may_start`` (the self-fence, just before the body) and ``complete`` (queue the outcome).
+kills on timeout or cancel for ``process`` isolation. Runs already due when they are launched (a
+burst, a backlog) are the exception: they take turns on a few threads (``Workers.submit_in_turn``),
+and a thread held by a long body is relieved by another within a few milliseconds. A runner only
+talks to its host (the executor) through ``may_start`` (the self-fence, just before the body) and
+``complete`` (queue the outcome).
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import multiprocessing
 import queue
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -42,6 +47,12 @@ SPIN_S = 0.0015
 GATE_SLACK_S = 0.05
 # How long a finished child process is waited for (seconds).
 CHILD_JOIN_S = 5.0
+# Runs already due when launched take turns on this many threads (``Workers.submit_in_turn``): a
+# thread per run cost the nodes a wake-up and a hand-over of the interpreter for every run ...
+TURN_THREADS = 4
+# ... and a thread held this long by one run while others wait is relieved by another thread
+# (seconds): no run waits much longer than that behind a long body.
+TURN_TOP_UP_S = 0.005
 
 
 class RunHost(Protocol):
@@ -75,8 +86,9 @@ def wait_until(clock: Clock, instant: float) -> None:
 
 class Workers:
     """Threads kept for reuse: a call goes to an idle thread when there is one, else to a new
-    thread (never queued behind a busy one: a body may run for hours); a thread idle for
-    ``idle_s`` ends. Starting a thread per run cost more than the run itself for short tasks."""
+    thread (never queued behind a busy one: a body may run for hours; ``submit_in_turn`` queues
+    calls a few milliseconds at most); a thread idle for ``idle_s`` ends. Starting a thread per run
+    cost more than the run itself for short tasks."""
 
     def __init__(self, name: str = "task", idle_s: float = WORKER_IDLE_S) -> None:
         self.name = name
@@ -93,6 +105,24 @@ class Workers:
                 self._calls.put((func, args))
                 return
         threading.Thread(target=self._work, args=(func, args), name=self.name, daemon=True).start()
+
+    def submit_in_turn(
+        self,
+        calls: list[Callable[[], None]],
+        *,
+        threads: int = TURN_THREADS,
+        top_up_s: float = TURN_TOP_UP_S,
+    ) -> None:
+        """Run ``calls`` in order on ``threads`` threads, each taking the next waiting call when
+        its last one ends (each in a fresh context, as ``submit``'s): short calls (a burst of
+        quick tasks) do not each cost a thread's wake-up. A thread held by one call for
+        ``top_up_s`` while calls still wait is relieved by another thread, so no call waits
+        much longer than that behind a long one."""
+        turns = _Turns(calls)
+        for _ in range(min(threads, len(calls))):
+            self.submit(turns.take)
+        if len(calls) > threads:
+            self.submit(turns.oversee, self, top_up_s)
 
     def _work(self, func: Callable[..., None], args: tuple) -> None:
         while True:
@@ -117,11 +147,54 @@ class Workers:
                         return
 
 
+class _Turns:
+    """Calls taking turns on a few threads (``Workers.submit_in_turn``), and since when each of
+    those threads has been in its current call."""
+
+    def __init__(self, calls: list[Callable[[], None]]) -> None:
+        self.waiting = deque(calls)
+        self._lock = threading.Lock()
+        self._busy_since: dict[object, float] = {}
+
+    def take(self) -> None:
+        """Run waiting calls one after another until none is left."""
+        me = object()
+        try:
+            while True:
+                with self._lock:
+                    if not self.waiting:
+                        return
+                    call = self.waiting.popleft()
+                    self._busy_since[me] = time.monotonic()
+                try:
+                    contextvars.Context().run(call)
+                except BaseException:
+                    logger.exception("a worker's call failed")
+        finally:
+            with self._lock:
+                self._busy_since.pop(me, None)
+
+    def oversee(self, workers: Workers, top_up_s: float) -> None:
+        """While calls wait, give each thread held by one call for ``top_up_s`` a relief."""
+        while self.waiting:
+            time.sleep(top_up_s)
+            held_since = time.monotonic() - top_up_s
+            with self._lock:
+                held = [me for me, since in self._busy_since.items() if since <= held_since]
+                for me in held[: len(self.waiting)]:
+                    # Counted once: the thread is seen again only once it takes its next call.
+                    del self._busy_since[me]
+                relief = min(len(held), len(self.waiting))
+            for _ in range(relief):
+                workers.submit(self.take)
+
+
 class ThreadRunner:
     """A worker thread per running run (reused, see ``Workers``). One gate per due instant still
     ahead: a single thread waits for the instant and opens it, and every task due then is
     released together (many threads spinning on the clock would fight over the GIL and delay
-    each other). A run already due starts at once, with no gate."""
+    each other). Runs already due start at once, with no gate, taking turns on a few threads
+    (``Workers.submit_in_turn``: a few milliseconds at most behind a long body)."""
 
     def __init__(self) -> None:
         self.workers = Workers()
@@ -136,13 +209,16 @@ class ThreadRunner:
                 gate = gates[run.due] = threading.Event()
                 self.workers.submit(_open_gate, host.clock, run.due, gate)
             run.gate = gates[run.due]
+        in_turn: list[Callable[[], None]] = []
         for run in runs:
-            body = (
-                body_in_process
-                if run.execution.job.isolation == Isolation.PROCESS
-                else body_in_thread
-            )
-            self.workers.submit(_with_context, body, host, run)
+            if run.execution.job.isolation == Isolation.PROCESS:
+                self.workers.submit(_with_context, body_in_process, host, run)
+            elif run.gate is None:
+                in_turn.append(functools.partial(_with_context, body_in_thread, host, run))
+            else:
+                self.workers.submit(_with_context, body_in_thread, host, run)
+        if in_turn:
+            self.workers.submit_in_turn(in_turn)
 
 
 def _with_context(

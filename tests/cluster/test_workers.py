@@ -1,5 +1,6 @@
 """The runner's reusable worker threads: a call never waits behind a busy thread, an idle thread is
-reused, a failing call does not end its thread, and idle threads end."""
+reused, a failing call does not end its thread, and idle threads end. Calls taking turns (runs
+already due when launched) share a few threads, and none waits long behind a busy one."""
 
 from __future__ import annotations
 
@@ -61,12 +62,13 @@ def test_a_failing_call_does_not_end_its_thread():
 
 
 def test_idle_threads_end_and_a_later_call_still_runs():
-    workers = Workers(idle_s=0.05)
+    # A name of its own: the other tests' idle threads (named "task") outlive them.
+    workers = Workers(name="idle-ends", idle_s=0.05)
     ran = threading.Event()
     workers.submit(ran.set)
     assert ran.wait(WAIT_S)
     for _ in range(500):
-        if workers._idle == 0 and not any(t.name == "task" for t in threading.enumerate()):
+        if workers._idle == 0 and not any(t.name == "idle-ends" for t in threading.enumerate()):
             break
         threading.Event().wait(0.01)
     assert workers._idle == 0
@@ -96,3 +98,58 @@ def test_a_run_does_not_see_what_the_previous_run_on_its_thread_set_in_context_v
     assert second.wait(WAIT_S)
     assert values[0][0] == values[1][0]  # the same thread
     assert values[1][1] == "unset"
+
+
+def test_calls_in_turn_share_a_few_threads():
+    workers = Workers(idle_s=WAIT_S)
+    idents: list[int] = []
+    done = threading.Event()
+    calls = [lambda: idents.append(threading.get_ident()) for _ in range(199)]
+    calls.append(lambda: (idents.append(threading.get_ident()), done.set()))
+    # No top-up within the test: every call is taken by one of the first three threads.
+    workers.submit_in_turn(calls, threads=3, top_up_s=WAIT_S)
+    assert done.wait(WAIT_S)
+    for _ in range(int(WAIT_S / 0.01)):
+        if len(idents) == 200:
+            break
+        threading.Event().wait(0.01)
+    assert len(idents) == 200
+    assert 1 <= len(set(idents)) <= 3
+
+
+def test_a_thread_held_by_a_long_call_is_relieved_while_calls_wait():
+    workers = Workers(idle_s=WAIT_S)
+    release = threading.Event()
+    # Three long calls on one thread taking turns: each is reached only once the thread held by
+    # the one before it is relieved; the quick calls after them, once the last one is.
+    started = threading.Barrier(4)
+    quick = [threading.Event() for _ in range(5)]
+    calls = [lambda: (started.wait(WAIT_S), release.wait(WAIT_S)) for _ in range(3)]
+    calls += [event.set for event in quick]
+    try:
+        workers.submit_in_turn(calls, threads=1, top_up_s=0.02)
+        started.wait(WAIT_S)  # all three long calls hold a thread each
+        assert all(event.wait(WAIT_S) for event in quick)
+        assert not release.is_set()
+    finally:
+        release.set()
+
+
+def test_a_failing_call_in_turn_does_not_stop_the_ones_after_it_nor_leak_its_context():
+    workers = Workers(idle_s=WAIT_S)
+    seen: list[tuple[int, str]] = []
+    done = threading.Event()
+
+    def fail() -> None:
+        SEEN.set("left behind")
+        seen.append((threading.get_ident(), SEEN.get()))
+        raise RuntimeError("task bug")
+
+    def after() -> None:
+        seen.append((threading.get_ident(), SEEN.get()))
+        done.set()
+
+    workers.submit_in_turn([fail, after], threads=1, top_up_s=WAIT_S)
+    assert done.wait(WAIT_S)
+    assert seen[0][0] == seen[1][0]  # the same thread, in turn
+    assert [value for _, value in seen] == ["left behind", "unset"]
