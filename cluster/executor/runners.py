@@ -5,7 +5,7 @@ instant, passes the self-fence and runs the task: in that thread for ``thread`` 
 task that overruns its timeout is abandoned, it cannot be killed), in a child process the supervisor
 kills on timeout or cancel for ``process`` isolation. Runs already due when they are launched (a
 burst, a backlog) are the exception: they take turns on a few threads (``Workers.submit_in_turn``),
-and a thread held by a long body is relieved by another within a few milliseconds. A runner only
+which more threads join within milliseconds when bodies are long or slow. A runner only
 talks to its host (the executor) through ``may_start`` (the self-fence, just before the body) and
 ``complete`` (queue the outcome).
 """
@@ -50,9 +50,11 @@ CHILD_JOIN_S = 5.0
 # Runs already due when launched take turns on this many threads (``Workers.submit_in_turn``): a
 # thread per run cost the nodes a wake-up and a hand-over of the interpreter for every run ...
 TURN_THREADS = 4
-# ... and a thread held this long by one run while others wait is relieved by another thread
-# (seconds): no run waits much longer than that behind a long body.
-TURN_TOP_UP_S = 0.005
+# ... and every this often while runs wait, more threads join if the queue would not drain
+# within two more such ticks at its last tick's pace, or if a thread has been held by one run for
+# a whole tick (seconds): no run waits much longer than three ticks, whatever runs ahead of it.
+TURN_TICK_S = 0.01
+TURN_PACE_TICKS = 2
 
 
 class RunHost(Protocol):
@@ -87,7 +89,7 @@ def wait_until(clock: Clock, instant: float) -> None:
 class Workers:
     """Threads kept for reuse: a call goes to an idle thread when there is one, else to a new
     thread (never queued behind a busy one: a body may run for hours; ``submit_in_turn`` queues
-    calls a few milliseconds at most); a thread idle for ``idle_s`` ends. Starting a thread per run
+    calls some milliseconds at most); a thread idle for ``idle_s`` ends. Starting a thread per run
     cost more than the run itself for short tasks."""
 
     def __init__(self, name: str = "task", idle_s: float = WORKER_IDLE_S) -> None:
@@ -111,18 +113,18 @@ class Workers:
         calls: list[Callable[[], None]],
         *,
         threads: int = TURN_THREADS,
-        top_up_s: float = TURN_TOP_UP_S,
+        tick_s: float = TURN_TICK_S,
     ) -> None:
         """Run ``calls`` in order on ``threads`` threads, each taking the next waiting call when
         its last one ends (each in a fresh context, as ``submit``'s): short calls (a burst of
-        quick tasks) do not each cost a thread's wake-up. A thread held by one call for
-        ``top_up_s`` while calls still wait is relieved by another thread, so no call waits
-        much longer than that behind a long one."""
+        quick tasks) do not each cost a thread's wake-up. Every ``tick_s`` while calls wait,
+        more threads join (``relief``): no call waits much longer than three ticks, behind long
+        calls or many slow ones."""
         turns = _Turns(calls)
         for _ in range(min(threads, len(calls))):
             self.submit(turns.take)
         if len(calls) > threads:
-            self.submit(turns.oversee, self, top_up_s)
+            self.submit(turns.oversee, self, tick_s)
 
     def _work(self, func: Callable[..., None], args: tuple) -> None:
         while True:
@@ -147,13 +149,22 @@ class Workers:
                         return
 
 
+def relief(*, waiting: int, taken: int, held: int) -> int:
+    """How many threads join calls taking turns, at a tick with ``waiting`` calls left, ``taken``
+    of them taken since the last tick and ``held`` threads in one call for a whole tick: enough
+    that what waits is taken within ``TURN_PACE_TICKS`` more ticks at the last one's pace, and
+    one for each held thread (none beyond a thread per waiting call)."""
+    return max(0, min(waiting, max(held, waiting - TURN_PACE_TICKS * taken)))
+
+
 class _Turns:
-    """Calls taking turns on a few threads (``Workers.submit_in_turn``), and since when each of
-    those threads has been in its current call."""
+    """Calls taking turns on a few threads (``Workers.submit_in_turn``): how many were taken, and
+    since when each of those threads has been in its current call."""
 
     def __init__(self, calls: list[Callable[[], None]]) -> None:
         self.waiting = deque(calls)
         self._lock = threading.Lock()
+        self._taken = 0
         self._busy_since: dict[object, float] = {}
 
     def take(self) -> None:
@@ -165,6 +176,7 @@ class _Turns:
                     if not self.waiting:
                         return
                     call = self.waiting.popleft()
+                    self._taken += 1
                     self._busy_since[me] = time.monotonic()
                 try:
                     contextvars.Context().run(call)
@@ -174,19 +186,25 @@ class _Turns:
             with self._lock:
                 self._busy_since.pop(me, None)
 
-    def oversee(self, workers: Workers, top_up_s: float) -> None:
-        """While calls wait, give each thread held by one call for ``top_up_s`` a relief."""
+    def oversee(self, workers: Workers, tick_s: float) -> None:
+        """Every ``tick_s`` while calls wait, add the threads ``relief`` asks for."""
+        counted = 0
         while self.waiting:
-            time.sleep(top_up_s)
-            held_since = time.monotonic() - top_up_s
+            time.sleep(tick_s)
+            held_since = time.monotonic() - tick_s
             with self._lock:
+                taken, counted = self._taken - counted, self._taken
                 held = [me for me, since in self._busy_since.items() if since <= held_since]
-                for me in held[: len(self.waiting)]:
+                for me in held:
                     # Counted once: the thread is seen again only once it takes its next call.
                     del self._busy_since[me]
-                relief = min(len(held), len(self.waiting))
-            for _ in range(relief):
-                workers.submit(self.take)
+                joining = relief(waiting=len(self.waiting), taken=taken, held=len(held))
+            try:
+                for _ in range(joining):
+                    workers.submit(self.take)
+            except Exception:
+                # No thread to be had (the process's limit): the next tick tries again.
+                logger.exception("could not start a thread for runs taking turns")
 
 
 class ThreadRunner:
@@ -194,7 +212,7 @@ class ThreadRunner:
     ahead: a single thread waits for the instant and opens it, and every task due then is
     released together (many threads spinning on the clock would fight over the GIL and delay
     each other). Runs already due start at once, with no gate, taking turns on a few threads
-    (``Workers.submit_in_turn``: a few milliseconds at most behind a long body)."""
+    (``Workers.submit_in_turn``: none waits much longer than three ticks of 10 ms)."""
 
     def __init__(self) -> None:
         self.workers = Workers()

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 
-from cluster.executor.runners import Workers
+import pytest
+
+from cluster.executor.runners import Workers, relief
 
 WAIT_S = 5.0
 
@@ -107,7 +110,7 @@ def test_calls_in_turn_share_a_few_threads():
     calls = [lambda: idents.append(threading.get_ident()) for _ in range(199)]
     calls.append(lambda: (idents.append(threading.get_ident()), done.set()))
     # No top-up within the test: every call is taken by one of the first three threads.
-    workers.submit_in_turn(calls, threads=3, top_up_s=WAIT_S)
+    workers.submit_in_turn(calls, threads=3, tick_s=WAIT_S)
     assert done.wait(WAIT_S)
     for _ in range(int(WAIT_S / 0.01)):
         if len(idents) == 200:
@@ -117,22 +120,75 @@ def test_calls_in_turn_share_a_few_threads():
     assert 1 <= len(set(idents)) <= 3
 
 
-def test_a_thread_held_by_a_long_call_is_relieved_while_calls_wait():
-    workers = Workers(idle_s=WAIT_S)
+def run_long_calls_then_quick_ones(
+    workers: Workers, *, long: int, quick: int, threads: int, tick_s: float
+) -> tuple[threading.Barrier, list[threading.Event], list[int], threading.Event]:
+    """``long`` calls that hold their thread until released, then ``quick`` ones, taking turns.
+    The barrier (``long`` + 1 parties) passes once every long call holds a thread."""
     release = threading.Event()
+    started = threading.Barrier(long + 1)
+    returned: list[int] = []
+
+    def hold() -> None:
+        started.wait(WAIT_S)
+        release.wait()
+        returned.append(1)
+
+    events = [threading.Event() for _ in range(quick)]
+    workers.submit_in_turn(
+        [hold for _ in range(long)] + [event.set for event in events],
+        threads=threads,
+        tick_s=tick_s,
+    )
+    return started, events, returned, release
+
+
+def test_a_thread_held_by_a_long_call_is_relieved_while_calls_wait():
     # Three long calls on one thread taking turns: each is reached only once the thread held by
     # the one before it is relieved; the quick calls after them, once the last one is.
-    started = threading.Barrier(4)
-    quick = [threading.Event() for _ in range(5)]
-    calls = [lambda: (started.wait(WAIT_S), release.wait(WAIT_S)) for _ in range(3)]
-    calls += [event.set for event in quick]
+    started, quick, returned, release = run_long_calls_then_quick_ones(
+        Workers(idle_s=WAIT_S), long=3, quick=5, threads=1, tick_s=0.02
+    )
     try:
-        workers.submit_in_turn(calls, threads=1, top_up_s=0.02)
-        started.wait(WAIT_S)  # all three long calls hold a thread each
+        started.wait(WAIT_S)
         assert all(event.wait(WAIT_S) for event in quick)
-        assert not release.is_set()
+        assert returned == []  # every long call still holds its thread
     finally:
         release.set()
+
+
+def test_a_burst_of_long_calls_all_start_within_a_few_ticks():
+    # Forty long calls behind two threads: the first tick sees two taken and thirty-eight
+    # waiting, and gives most of those a thread, rather than one relief per held thread a tick.
+    started, quick, returned, release = run_long_calls_then_quick_ones(
+        Workers(idle_s=WAIT_S), long=40, quick=1, threads=2, tick_s=0.1
+    )
+    try:
+        began = time.monotonic()
+        started.wait(WAIT_S)
+        assert time.monotonic() - began < 1.0  # one relief per held thread a tick: 2 s or more
+        assert quick[0].wait(WAIT_S)
+        assert returned == []
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize(
+    ("waiting", "taken", "held", "joining"),
+    [
+        (30, 34, 0, 0),  # quick calls: the queue drains within the next tick, nobody joins
+        (30, 15, 0, 0),  # ... or within the two next ones
+        (38, 2, 2, 34),  # long calls: what the last tick's pace leaves behind gets threads
+        (195, 5, 0, 185),  # many slow calls (none held a whole tick): the same
+        (3, 0, 4, 3),  # held threads, few calls left: a thread per call at most
+        (10, 10, 1, 1),  # on pace, one thread held: its relief
+        (0, 9, 2, 0),  # nothing waits
+    ],
+)
+def test_relief_keeps_what_waits_within_two_ticks_at_the_last_ticks_pace(
+    waiting: int, taken: int, held: int, joining: int
+):
+    assert relief(waiting=waiting, taken=taken, held=held) == joining
 
 
 def test_a_failing_call_in_turn_does_not_stop_the_ones_after_it_nor_leak_its_context():
@@ -149,7 +205,7 @@ def test_a_failing_call_in_turn_does_not_stop_the_ones_after_it_nor_leak_its_con
         seen.append((threading.get_ident(), SEEN.get()))
         done.set()
 
-    workers.submit_in_turn([fail, after], threads=1, top_up_s=WAIT_S)
+    workers.submit_in_turn([fail, after], threads=1, tick_s=WAIT_S)
     assert done.wait(WAIT_S)
     assert seen[0][0] == seen[1][0]  # the same thread, in turn
     assert [value for _, value in seen] == ["left behind", "unset"]
