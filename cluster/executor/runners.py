@@ -128,13 +128,7 @@ class Workers:
 
     def _work(self, func: Callable[..., None], args: tuple) -> None:
         while True:
-            try:
-                # Each call in a fresh context: what a task sets in context variables (and what
-                # lives in them: Django's active translation and time zone, the log context) is
-                # not seen by the next run on this thread.
-                contextvars.Context().run(func, *args)
-            except BaseException:
-                logger.exception("a worker's call failed")
+            _call_fresh(func, *args)
             with self._lock:
                 self._idle += 1
             try:
@@ -147,6 +141,16 @@ class Workers:
                     except queue.Empty:
                         self._idle -= 1
                         return
+
+
+def _call_fresh(func: Callable[..., None], *args: object) -> None:
+    """Call ``func`` in a fresh context: what a task sets in context variables (and what lives
+    in them: Django's active translation and time zone, the log context) is not seen by the next
+    run on this thread. A failure is logged; the thread goes on."""
+    try:
+        contextvars.Context().run(func, *args)
+    except BaseException:
+        logger.exception("a worker's call failed")
 
 
 def relief(*, waiting: int, taken: int, held: int) -> int:
@@ -178,10 +182,7 @@ class _Turns:
                     call = self.waiting.popleft()
                     self._taken += 1
                     self._busy_since[me] = time.monotonic()
-                try:
-                    contextvars.Context().run(call)
-                except BaseException:
-                    logger.exception("a worker's call failed")
+                _call_fresh(call)
         finally:
             with self._lock:
                 self._busy_since.pop(me, None)
@@ -208,10 +209,10 @@ class _Turns:
 
 
 class ThreadRunner:
-    """A worker thread per running run (reused, see ``Workers``). One gate per due instant still
-    ahead: a single thread waits for the instant and opens it, and every task due then is
-    released together (many threads spinning on the clock would fight over the GIL and delay
-    each other). Runs already due start at once, with no gate, taking turns on a few threads
+    """A worker thread per run due ahead or process-isolated (reused, see ``Workers``). One gate per
+    due instant still ahead: a single thread waits for the instant and opens it, and every task due
+    then is released together (many threads spinning on the clock would fight over the GIL and
+    delay each other). Runs already due start at once, with no gate, taking turns on a few threads
     (``Workers.submit_in_turn``: none waits much longer than three ticks of 10 ms)."""
 
     def __init__(self) -> None:
