@@ -63,7 +63,12 @@ class RunHost(Protocol):
     clock: Clock
 
     def may_start(self, run: ActiveRun) -> bool:
-        """The self-fence: True if the body may start now (else the run was given up)."""
+        """The self-fence: True if the body may start now (else the run was given up). Waits for
+        a body slot first when the node's bodies fill its capacity (a run claimed beyond it)."""
+        ...
+
+    def body_room(self) -> bool:
+        """Whether a body could start now without waiting for another to end."""
         ...
 
     def complete(self, outcome: Outcome, *, body_ended: bool = False) -> bool:

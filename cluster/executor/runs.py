@@ -59,6 +59,10 @@ class ActiveRun:
     cancel_deadline: float | None = None
     # An outcome was queued: later ones (a late body, a timeout) are dropped.
     completed: bool = False
+    # The run holds one of its node's body slots (at most ``capacity`` bodies run at once), and
+    # since when it has waited for one (wall clock; None: it has not asked yet).
+    body_slot: bool = False
+    room_wait_from: float | None = None
     epoch: int = 0
     # Secret values the body was given: scrubbed from what is saved while it runs.
     revealed: list[str] = field(default_factory=list)

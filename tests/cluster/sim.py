@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from cluster.clock import SettableClock
 from cluster.coordination.memory import MemoryBackend, MemoryStore
-from cluster.executor.core import SUPERVISE_INTERVAL_S
+from cluster.executor.core import OVERFLOW_WAIT_S, SUPERVISE_INTERVAL_S
 from cluster.executor.output import call_task, task_context
 from cluster.executor.runners import RunHost
 from cluster.executor.runs import ActiveRun, Outcome
@@ -112,7 +112,16 @@ class SteppedRunner:
             [b for b in self.waiting if b.run.due > now],
         )
         for body in due:
-            if body.host.may_start(body.run):
+            run = body.run
+            if not run.completed and not body.host.body_room():
+                # A body thread would wait in ``may_start`` for another body to end (at most
+                # OVERFLOW_WAIT_S): here the run waits for a later step instead.
+                if run.room_wait_from is None:
+                    run.room_wait_from = max(run.due, now)
+                if now < run.room_wait_from + OVERFLOW_WAIT_S:
+                    self.waiting.append(body)
+                    continue
+            if body.host.may_start(run):
                 self._start(body, now)
         for body in [b for b in self.running if b.ends_at <= now]:
             self.running.remove(body)

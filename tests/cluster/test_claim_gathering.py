@@ -39,7 +39,9 @@ class Collected:
 
 
 @pytest.fixture
-def node() -> tuple[Executor, Collected, SettableClock, list[int]]:
+def node(monkeypatch) -> tuple[Executor, Collected, SettableClock, list[int]]:
+    # Gathering on its own: no runs claimed beyond capacity (test_overflow.py has those).
+    monkeypatch.setattr(core, "OVERFLOW_SHARE", 0.0)
     clock = SettableClock(time.time() + 1)
     backend = MemoryBackend(clock=clock)
     membership = Membership(backend, "gatherer", ttl_s=3600, clock=clock)
