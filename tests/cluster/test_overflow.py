@@ -127,16 +127,25 @@ def test_no_more_than_capacity_bodies_run_and_the_run_beyond_starts_when_one_end
     assert executor.snapshot()["bodies"] == CAPACITY
 
 
-def test_a_node_with_a_body_running_claims_no_more_than_its_capacity(node):
+def test_a_node_with_a_body_running_claims_no_more_than_its_capacity(node, monkeypatch):
     """A node busy with (maybe long) bodies leaves what it cannot start to nodes with room."""
-    executor, runner, _ = node
-    enqueue(CAPACITY + OVERFLOW)
-    assert executor.claim_once() == CAPACITY + OVERFLOW
-    assert all(executor.may_start(run) for run in runner.runs[:CAPACITY])
+    executor, runner, clock = node
+    monkeypatch.setattr(core, "PREPARE_AHEAD_S", 0.0)
+    executor.lookahead_s = 30.0
+    enqueue(CAPACITY, due_in_s=1.5)  # claimed ahead of their instant: the node is not behind
+    assert executor.claim_once() == CAPACITY
+    clock.set(time.time() + 2.0)
+    executor.starter_step()  # admitted and launched at their instant
+    assert all(executor.may_start(run) for run in runner.runs)
     end(executor, runner.runs[0])
-    enqueue(10)
-    # One slot is free of capacity, but the run beyond it already holds that slot's place.
+    enqueue(10, due_in_s=30)
+    # One slot free, and not one run beyond it while seven bodies run.
+    assert executor.claim_once() == 1
     assert executor.claim_once() == 0
+    for run in runner.runs[1:]:
+        end(executor, run)
+    # No body left: the share beyond capacity again.
+    assert executor.claim_once() == CAPACITY + OVERFLOW - 1
 
 
 def test_a_run_beyond_capacity_goes_back_to_the_queue_when_no_body_ends_in_time(node):
