@@ -21,7 +21,8 @@ past the lock's TTL, not yet declared dead): then the run waits until the cluste
 node gone and ends its run lost, so no successor starts beside a body still counted as running.
 Without the lock, forbid skips a run only when a run known to be active
 (its node renews its presence) was already running at this run's due instant and still is
-FORBID_SETTLE_S later: a predecessor whose body has just ended but whose outcome is not written yet
+FORBID_SETTLE_S later (the same run found at two looks): a predecessor whose body has just ended but
+whose outcome is not written yet
 (the finisher batches its writes) is not active, and the run starts that much late instead of
 being skipped. A previous run that started *after* that instant (both were late, e.g. catching up
 after a failover) is waited for instead, so late runs go one after the other, and so is a run on a
@@ -69,6 +70,8 @@ class Blocker:
     # Its node has stopped renewing (frozen, cut off or dead, not yet declared so): its body may
     # still be inside the task, though its job lock may have lapsed.
     silent: bool = False
+    # Which run it is (a skip needs the same run found blocking at two looks).
+    execution_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class Facts:
     older_waiting: bool = False  # an earlier fire of the job is due and not started
     # ... and no node holds it (handed back after an outage, or by the reaper): it must be claimed
     older_unclaimed: bool = False
+    # The blocker this run's previous look found (its execution id; None: none, or no look yet).
+    seen_blocker: int | None = None
 
 
 @dataclass(frozen=True)
@@ -156,9 +161,16 @@ def admit(facts: Facts) -> Decision:
         and facts.now >= facts.due
     ):
         settled_at = facts.due + FORBID_SETTLE_S
-        if facts.now >= settled_at:
+        if facts.now < settled_at:
+            return Wait(max(0.001, min(WAIT_POLL_S, settled_at - facts.now)))
+        if facts.seen_blocker is not None and facts.seen_blocker == blocker.execution_id:
             return Skip(REASON_FORBID)
-        return Wait(max(0.001, min(WAIT_POLL_S, settled_at - facts.now)))
+        # The same run must be found blocking at two looks: the lock taken may be a newer run's
+        # that had not yet marked its row running when the blockers were read, while the latest
+        # row found is an older run whose outcome is not written yet (a database outage; the
+        # chaos run found two such skips). Look again: the next look finds the newer run, which
+        # started after this run's instant, and waits for it.
+        return Wait(WAIT_POLL_S)
     give_up = max(facts.due, facts.runnable_since) + max(facts.grace_s, 1)
     if facts.now > give_up:
         return Skip(REASON_LOCK_WAIT.format(grace=_seconds(facts.grace_s)))

@@ -701,6 +701,7 @@ class Executor:
         for item in candidates:
             execution = item.execution
             state, lock = locks.get(execution.pk, (Lock.NOT_NEEDED, None))
+            blocker = blockers.get(execution.job_id)
             decision = admission.admit(
                 gather.facts(
                     execution,
@@ -708,11 +709,13 @@ class Executor:
                     now=now,
                     claiming=self.claiming,
                     lock=state,
-                    blocker=blockers.get(execution.job_id),
+                    blocker=blocker,
                     older_waiting=execution.pk in older,
                     older_unclaimed=older.get(execution.pk, False),
+                    seen_blocker=item.seen_blocker,
                 )
             )
+            item.seen_blocker = blocker.execution_id if blocker is not None else None
             if isinstance(decision, Start):
                 starts.append((item, lock))
                 continue

@@ -132,6 +132,7 @@ def blockers(
                 and renewed is not None
                 and renewed >= started * 1000,
                 silent=state == Liveness.SUSPECT and live is not None,
+                execution_id=other.pk,
             )
     if gone:
         with transaction.atomic():

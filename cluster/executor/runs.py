@@ -30,6 +30,8 @@ class Scheduled:
     epoch: int = field(default=0, compare=False)
     # Admission batches that failed with this run in them (the database went away mid-batch).
     failures: int = field(default=0, compare=False)
+    # The run of its job found blocking it at its last look (see ``admission.Facts``).
+    seen_blocker: int | None = field(default=None, compare=False)
 
 
 @dataclass(order=True)

@@ -38,7 +38,8 @@ BASE = Facts(
     claiming=True,
     lock=Lock.HELD,
 )
-ACTIVE_BEFORE = Blocker(started_at=DUE - 0.5, certain=True)  # running when this one fell due
+# Running when this one fell due (the run with id 7).
+ACTIVE_BEFORE = Blocker(started_at=DUE - 0.5, certain=True, execution_id=7)
 ACTIVE_AFTER = Blocker(started_at=DUE + 0.5, certain=True)  # a late run started after our instant
 EXPIRING = Blocker(started_at=DUE - 0.5, certain=False)  # its node stopped renewing
 SILENT = Blocker(started_at=DUE - 0.5, certain=False, silent=True)  # frozen, not yet declared dead
@@ -86,8 +87,20 @@ CASES = [
     ),
     (
         "forbid-active-at-instant-and-after-the-settle",
-        facts(now=DUE + FORBID_SETTLE_S, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
+        facts(now=DUE + FORBID_SETTLE_S, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE, seen_blocker=7),
         Skip(REASON_FORBID),
+    ),
+    # A first look after the settle (a late claim): the lock may be a newer run's whose row was
+    # not marked running yet when the blockers were read; look again before skipping.
+    (
+        "forbid-first-look-after-the-settle-looks-again",
+        facts(now=DUE + FORBID_SETTLE_S, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "forbid-another-blocker-at-the-last-look-looks-again",
+        facts(now=DUE + FORBID_SETTLE_S, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE, seen_blocker=8),
+        Wait(WAIT_POLL_S),
     ),
     (
         "forbid-lock-held-while-a-finished-run-is-not-recorded-yet",
