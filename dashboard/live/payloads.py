@@ -53,10 +53,14 @@ class LiveJobSerializer(JobSerializer):
 
 
 def cluster_payload() -> dict[str, Any]:
+    # Terms first, then nodes: a node's row is written before any term it wins, so the nodes read
+    # after the terms include every leader those terms name. The other way round (each statement
+    # sees its own snapshot) a frame could name a new leader and list no node for it: a test of
+    # the feed caught one such frame on a loaded machine.
+    terms = list(LeadershipTerm.objects.order_by("-term")[:TERMS_LIMIT])
     nodes = sorted(
         SchedulerNode.objects.order_by("-last_heartbeat")[:NODES_LIMIT], key=lambda n: n.node_id
     )
-    terms = list(LeadershipTerm.objects.order_by("-term")[:TERMS_LIMIT])
     # The current term is the newest open one (cluster.selectors.current_term); it is almost always
     # among the newest few, which saves a query per poll.
     term = next((t for t in terms if t.ended_at is None), None)
