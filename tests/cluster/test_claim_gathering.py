@@ -4,83 +4,32 @@ behind claims at once. On a settable clock, real rows, bodies completed by hand.
 
 from __future__ import annotations
 
-import itertools
 import time
-from datetime import timedelta
 
 import pytest
-from django.utils import timezone
 
 from cluster.clock import SettableClock
-from cluster.coordination.memory import MemoryBackend
 from cluster.executor import core
 from cluster.executor.core import CLAIM_GATHER_S, Executor
-from cluster.executor.runs import ActiveRun, Outcome
-from cluster.membership import Membership
-from jobs import services
+from cluster.executor.runs import Outcome
 from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
+from tests.cluster.stepped import Collected, enqueue, stepped_executor
 
 pytestmark = pytest.mark.django_db
 
 S = ExecutionStatus
 CAPACITY = 8
-_names = itertools.count(1)
-
-
-class Collected:
-    """A runner that starts nothing: the test ends each run itself."""
-
-    def __init__(self) -> None:
-        self.runs: list[ActiveRun] = []
-
-    def launch(self, host: object, runs: list[ActiveRun]) -> None:
-        self.runs += runs
 
 
 @pytest.fixture
 def node(monkeypatch) -> tuple[Executor, Collected, SettableClock, list[int]]:
     # Gathering on its own: no runs claimed beyond capacity (test_overflow.py has those).
     monkeypatch.setattr(core, "OVERFLOW_SHARE", 0.0)
-    clock = SettableClock(time.time() + 1)
-    backend = MemoryBackend(clock=clock)
-    membership = Membership(backend, "gatherer", ttl_s=3600, clock=clock)
-    membership.renew({})
-    runner = Collected()
-    executor = Executor(
-        node_id="gatherer",
-        queues=["default"],
-        capacity=CAPACITY,
-        backend=backend,
-        membership=membership,
-        heartbeat_s=1.0,
-        clock=clock,
-        runner=runner,
-        inline=True,
-    )
+    executor, runner, clock, _ = stepped_executor("gatherer", capacity=CAPACITY, ahead_s=1)
     woken: list[int] = []
     executor.on_room = lambda: woken.append(1)
     return executor, runner, clock, woken
-
-
-def enqueue(count: int, *, due_in_s: float = 0.0) -> None:
-    """``count`` runs of a job of their own, due now (the clock runs a second ahead of real time)
-    or ``due_in_s`` of real time from now."""
-    job = services.job_create(
-        data={
-            "name": f"burst-{next(_names)}",
-            "task": "noop",
-            "schedule_type": "interval",
-            "interval_seconds": 86_400,
-            "enabled": False,
-            "concurrency_policy": "allow",
-        },
-        by=services.SYSTEM,
-    )
-    run_at = (timezone.now() + timedelta(seconds=due_in_s)).isoformat() if due_in_s else None
-    services.runs_enqueue(
-        job_id=job.pk, items=[{"run_at": run_at} for _ in range(count)], by=services.SYSTEM
-    )
 
 
 def finish(executor: Executor, runner: Collected, count: int) -> None:

@@ -6,23 +6,18 @@ runner's side (``may_start``, ``complete``) played by the test."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from datetime import timedelta
 
 import pytest
-from django.utils import timezone
 
 from cluster.clock import SettableClock
-from cluster.coordination.memory import MemoryBackend
 from cluster.executor import core
 from cluster.executor.core import OVERFLOW_WAIT_S, Executor
 from cluster.executor.runs import ActiveRun, Outcome
-from cluster.membership import Membership
-from jobs import services
 from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
+from tests.cluster.stepped import Collected, enqueue, stepped_executor
 
 # Bodies start in threads of their own (their writes need a connection of their own).
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,61 +25,25 @@ pytestmark = pytest.mark.django_db(transaction=True)
 S = ExecutionStatus
 CAPACITY = 8
 OVERFLOW = int(CAPACITY * core.OVERFLOW_SHARE)
-_names = itertools.count(1)
-
-
-class Collected:
-    """A runner that starts nothing: the test plays the bodies."""
-
-    def __init__(self) -> None:
-        self.runs: list[ActiveRun] = []
-
-    def launch(self, host: object, runs: list[ActiveRun]) -> None:
-        self.runs += runs
 
 
 @pytest.fixture
 def node() -> tuple[Executor, Collected, SettableClock]:
-    clock = SettableClock(time.time() + 1)
-    backend = MemoryBackend(clock=clock)
-    membership = Membership(backend, "overflow", ttl_s=3600, clock=clock)
-    membership.renew({})
-    runner = Collected()
-    executor = Executor(
-        node_id="overflow",
-        queues=["default"],
-        capacity=CAPACITY,
-        backend=backend,
-        membership=membership,
-        heartbeat_s=1.0,
-        clock=clock,
-        runner=runner,
-        inline=True,
-    )
+    executor, runner, clock, _ = stepped_executor("overflow", capacity=CAPACITY, ahead_s=1)
     return executor, runner, clock
-
-
-def enqueue(count: int, *, due_in_s: float = 0.0) -> None:
-    job = services.job_create(
-        data={
-            "name": f"overflow-{next(_names)}",
-            "task": "noop",
-            "schedule_type": "interval",
-            "interval_seconds": 86_400,
-            "enabled": False,
-            "concurrency_policy": "allow",
-        },
-        by=services.SYSTEM,
-    )
-    run_at = (timezone.now() + timedelta(seconds=due_in_s)).isoformat() if due_in_s else None
-    services.runs_enqueue(
-        job_id=job.pk, items=[{"run_at": run_at} for _ in range(count)], by=services.SYSTEM
-    )
 
 
 def end(executor: Executor, run: ActiveRun) -> None:
     now = executor.clock.now()
     executor.complete(Outcome(run, S.SUCCEEDED, started=now, ended=now), body_ended=True)
+
+
+def fill(executor: Executor, runner: Collected) -> ActiveRun:
+    """Claim a full node's runs and one beyond, start capacity bodies; the run beyond is returned."""
+    enqueue(CAPACITY + OVERFLOW)
+    assert executor.claim_once() == CAPACITY + OVERFLOW
+    assert all(executor.may_start(run) for run in runner.runs[:CAPACITY])
+    return runner.runs[CAPACITY]
 
 
 def start_in_thread(executor: Executor, run: ActiveRun) -> tuple[threading.Thread, list[bool]]:
@@ -110,10 +69,8 @@ def test_a_node_with_no_body_running_claims_beyond_its_capacity(node):
 
 def test_no_more_than_capacity_bodies_run_and_the_run_beyond_starts_when_one_ends(node):
     executor, runner, _ = node
-    enqueue(CAPACITY + OVERFLOW)
-    assert executor.claim_once() == CAPACITY + OVERFLOW
-    first, beyond = runner.runs[:CAPACITY], runner.runs[CAPACITY]
-    assert all(executor.may_start(run) for run in first)
+    beyond = fill(executor, runner)
+    first = runner.runs[:CAPACITY]
     assert executor.snapshot()["bodies"] == CAPACITY
 
     thread, said = start_in_thread(executor, beyond)
@@ -150,10 +107,7 @@ def test_a_node_with_a_body_running_claims_no_more_than_its_capacity(node, monke
 
 def test_a_run_beyond_capacity_goes_back_to_the_queue_when_no_body_ends_in_time(node):
     executor, runner, clock = node
-    enqueue(CAPACITY + OVERFLOW)
-    assert executor.claim_once() == CAPACITY + OVERFLOW
-    assert all(executor.may_start(run) for run in runner.runs[:CAPACITY])
-    beyond = runner.runs[CAPACITY]
+    beyond = fill(executor, runner)
     thread, said = start_in_thread(executor, beyond)
     thread.join(0.2)
     assert thread.is_alive()
@@ -169,10 +123,7 @@ def test_a_run_beyond_capacity_goes_back_to_the_queue_when_no_body_ends_in_time(
 
 def test_a_run_cancelled_while_it_waits_for_a_body_never_starts(node):
     executor, runner, _ = node
-    enqueue(CAPACITY + OVERFLOW)
-    assert executor.claim_once() == CAPACITY + OVERFLOW
-    assert all(executor.may_start(run) for run in runner.runs[:CAPACITY])
-    beyond = runner.runs[CAPACITY]
+    beyond = fill(executor, runner)
     thread, said = start_in_thread(executor, beyond)
     thread.join(0.1)
     assert thread.is_alive()
