@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,3 +92,32 @@ class CpuMeter:
         out = {name: used / runs * 1e6 for name, used in self.used_s.items()}
         out["total"] = sum(self.used_s.values()) / runs * 1e6
         return out
+
+
+SPEED_PROBE_STEPS = 200_000
+
+
+def _probe_work(steps: int) -> int:
+    """A fixed mix of what a node's Python does (integer arithmetic, dict and list work, string
+    formatting): the same instructions on every machine and every run."""
+    table: dict[int, str] = {}
+    total = 0
+    for step in range(steps):
+        key = step % 1024
+        table[key] = f"run-{step}"
+        total += len(table[key]) + (step * 7) % 13
+    return total
+
+
+def speed_probe_ms(*, steps: int = SPEED_PROBE_STEPS, rounds: int = 5) -> float:
+    """The CPU milliseconds the fixed ``_probe_work`` takes here, the fastest of ``rounds``: how
+    fast this host's cores are at the moment (lower is faster). CPU time, not wall time: it does
+    not count time spent waiting for a core (a busy machine), only how much work a core does per
+    second it gives — which is what changes a run's CPU cost between a host's faster and slower
+    hours. Two benchmark runs' rates compare only at a similar figure."""
+    best = float("inf")
+    for _ in range(rounds):
+        began = time.process_time()
+        _probe_work(steps)
+        best = min(best, time.process_time() - began)
+    return best * 1000

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import CpuMeter, local_pids
+from bench.cpu import CpuMeter, local_pids, speed_probe_ms
 from bench.records import RecordCounter
 from cluster.verify.redis_server import RedisServer
 
@@ -835,7 +835,10 @@ def summary_table(results: dict[str, Any]) -> str:
     head = (
         f"{results['cpus']} CPUs, {results['database']}, {results['nodes']} nodes "
         f"(pinned to CPUs {results['nodes_pinned_to_cpus']}), {results['hog_processes']} hog "
-        f"processes; load average {start:.2f} at start, {end:.2f} at end"
+        f"processes; load average {start:.2f} at start, {end:.2f} at end; core speed probe "
+        f"{results.get('speed_probe_ms_at_start', math.nan):.1f} ms at start, "
+        f"{results.get('speed_probe_ms_at_end', math.nan):.1f} ms at end (CPU time of a fixed "
+        f"workload, bench.cpu.speed_probe_ms: lower is faster)"
     )
     lines = [
         head,
@@ -897,6 +900,9 @@ def main() -> None:
         "hog_processes": args.hog,
         "cpus": os.cpu_count(),
         "load_average_at_start": os.getloadavg(),
+        # The host's core speed (CPU ms of a fixed workload; lower is faster): rates measured
+        # at different figures do not compare, CPU per run does only roughly.
+        "speed_probe_ms_at_start": speed_probe_ms(),
     }
     quick = args.quick
     try:
@@ -974,6 +980,7 @@ def main() -> None:
             print(json.dumps(results["w4"], indent=2))
     finally:
         results["load_average_at_end"] = os.getloadavg()
+        results["speed_probe_ms_at_end"] = speed_probe_ms()
         if hog is not None:
             hog.stop()
         env.close()
