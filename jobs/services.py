@@ -7,14 +7,14 @@ management commands call these and nothing else to change data.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from jobs import bulk, events, executions, registry, schedules
+from jobs import bulk, events, executions, registry, retention, schedules
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
@@ -504,6 +504,38 @@ def runs_enqueue(
                 raise
             now = timezone.now()
     raise AssertionError("unreachable")
+
+
+def runs_purge(
+    *,
+    older_than_days: float,
+    by: Actor,
+    batch: int = retention.PURGE_BATCH,
+    max_rows: int = retention.PURGE_MAX_ROWS,
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> retention.PurgeResult:
+    """Run history retention (``jobs.retention``): delete terminal runs finished more than
+    ``older_than_days`` ago, and record what went in the audit log. Raises
+    ``retention.BadPurgeArgument`` (naming the argument) with nothing deleted."""
+    retention.check_purge_arguments(older_than_days, batch, max_rows)
+    result = retention.purge_finished_runs(
+        older_than=timedelta(days=older_than_days),
+        now=now,
+        batch=batch,
+        max_rows=max_rows,
+        dry_run=dry_run,
+    )
+    if result.deleted and not dry_run:
+        audit_record(
+            by=by,
+            action="runs.purge",
+            object_type="execution",
+            object_id="*",
+            object_repr=f"runs finished before {result.cutoff:%Y-%m-%d %H:%M:%S} UTC",
+            changes={"deleted": [None, result.deleted], "older_than_days": [None, older_than_days]},
+        )
+    return result
 
 
 @retry_on_conflict

@@ -173,6 +173,50 @@ def log(message: str, level: str = "info", *, context: TaskContext) -> None:
     context.log(message)
 
 
+# --- purge_runs -----------------------------------------------------------------------------------
+
+
+def _check_purge(older_than_days: Any, batch: Any, max_rows: Any) -> None:
+    from jobs.retention import BadPurgeArgument, check_purge_arguments
+
+    try:
+        check_purge_arguments(older_than_days, batch, max_rows)
+    except BadPurgeArgument as exc:
+        raise _Refused(exc.param, str(exc)) from None
+
+
+@task(
+    "purge_runs",
+    takes_context=True,
+    validate=_validator("purge_runs", _check_purge),
+    example={"kwargs": {"older_than_days": 30}},
+)
+def purge_runs(
+    older_than_days: float,
+    batch: int = 1_000,
+    max_rows: int = 100_000,
+    *,
+    context: TaskContext,
+) -> dict[str, Any]:
+    """Delete finished runs older than a number of days (run history retention; see
+    ``jobs.retention``): each job's newest run and runs with a notification to send are kept."""
+    from jobs import services
+
+    _at_run_time(_check_purge, older_than_days=older_than_days, batch=batch, max_rows=max_rows)
+    result = services.runs_purge(
+        older_than_days=older_than_days, batch=batch, max_rows=max_rows, by=services.SYSTEM
+    )
+    context.log(
+        f"deleted {result.deleted} runs finished before {result.cutoff.isoformat()}"
+        + ("" if result.complete else f" (stopped at max_rows {max_rows}; more remain)")
+    )
+    return {
+        "deleted": result.deleted,
+        "cutoff": result.cutoff.isoformat(),
+        "complete": result.complete,
+    }
+
+
 # --- http_request ---------------------------------------------------------------------------------
 
 

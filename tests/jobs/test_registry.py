@@ -23,7 +23,7 @@ from jobs.registry import (
     validate_task_call,
 )
 
-BUILTINS = {"noop", "sleep", "log", "http_request", "management_command"}
+BUILTINS = {"noop", "sleep", "log", "http_request", "management_command", "purge_runs"}
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@
     python manage.py jobs export [--format yaml|json] [--output FILE] [NAME ...]
     python manage.py jobs apply FILE [--dry-run] [--prune]
     python manage.py jobs tasks [--json]
+    python manage.py jobs purge-runs --older-than-days N [--batch N] [--max-rows N] [--dry-run]
 
 Errors print a message and exit with status 2.
 """
@@ -23,7 +24,7 @@ from typing import Any
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import registry, selectors, services
+from jobs import registry, retention, selectors, services
 from jobs.models import AuditSource, Job
 from jobs.services import ActionNotAllowed, Actor
 from jobs.validation import JobValidationError
@@ -72,11 +73,19 @@ class Command(BaseCommand):
         apply.add_argument("file", help="Path, or - for standard input")
         apply.add_argument("--dry-run", action="store_true", help="Show the diff, write nothing")
         apply.add_argument("--prune", action="store_true", help="Delete jobs absent from the file")
+        purge = sub.add_parser(
+            "purge-runs",
+            help="Delete finished runs older than a number of days (each job's newest is kept)",
+        )
+        purge.add_argument("--older-than-days", type=float, required=True)
+        purge.add_argument("--batch", type=int, default=retention.PURGE_BATCH)
+        purge.add_argument("--max-rows", type=int, default=retention.PURGE_MAX_ROWS)
+        purge.add_argument("--dry-run", action="store_true", help="Count, delete nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         try:
-            getattr(self, f"do_{action}")(**options)
+            getattr(self, f"do_{action.replace('-', '_')}")(**options)
         except Job.DoesNotExist as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except JobValidationError as exc:
@@ -86,7 +95,7 @@ class Command(BaseCommand):
                 f"invalid {what}, nothing written:\n" + "\n".join(lines),
                 returncode=EXIT_USAGE,
             ) from exc
-        except ActionNotAllowed as exc:
+        except (ActionNotAllowed, retention.BadPurgeArgument) as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
 
     def do_list(self, *, json: bool = False, **_: Any) -> None:
@@ -121,6 +130,23 @@ class Command(BaseCommand):
             example = entry["example"]
             if example.get("args") or example.get("kwargs"):
                 self.stdout.write(f"    example: {json_module.dumps(example)}")
+
+    def do_purge_runs(
+        self, *, older_than_days: float, batch: int, max_rows: int, dry_run: bool, **_: Any
+    ) -> None:
+        result = services.runs_purge(
+            older_than_days=older_than_days,
+            batch=batch,
+            max_rows=max_rows,
+            dry_run=dry_run,
+            by=CLI_ACTOR,
+        )
+        verb = "would delete" if dry_run else "deleted"
+        more = "" if result.complete else f" (stopped at --max-rows {max_rows}; more remain)"
+        self.stdout.write(
+            f"{verb} {result.deleted} runs finished before {result.cutoff:%Y-%m-%d %H:%M:%S} UTC"
+            f"{more}"
+        )
 
     def do_trigger(self, *, job: str, **_: Any) -> None:
         target = selectors.job_get_by_name_or_id(job)
