@@ -9,6 +9,12 @@ loses nothing:
 
 - ``scheduler_executions{status}``                 executions by status now
 - ``scheduler_job_executions{job,status}``         per job, terminal and active statuses
+
+The runs in a final state are the whole history (every one of them is a row until it is purged):
+their counts are taken at most once per ``SCHEDULER_METRICS_HISTORY_TTL_S`` (60 s) in each web
+process, and served from memory between, so a scrape every few seconds, or several Prometheus
+servers, cost the database one such count a minute. Runs pending, running or awaiting a retry are
+few (bounded by the backlog) and counted at every scrape, through the status indexes.
 - ``scheduler_executions_late``                    pending runs due more than 1 s ago, unstarted
 - ``scheduler_leader_term``                        the open term (0 without a leader)
 - ``scheduler_leader{node}``                       1 for the node holding it
@@ -26,6 +32,8 @@ And two counters of the answering web process alone (its live feed for the dashb
 from __future__ import annotations
 
 import hmac
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -40,19 +48,56 @@ from prometheus_client.registry import Collector
 LATE_AFTER_S = 1.0
 
 
+class _History:
+    """The counts of runs in a final state, by status and by (job, status), kept for a while."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken_at: float | None = None
+        self.by_status: dict[str, int] = {}
+        self.per_job: list[tuple[str, str, int]] = []
+
+    def fresh(self, ttl_s: float, monotonic: float) -> _History:
+        """Recount when the counts are older than ``ttl_s`` (one caller counts, others wait)."""
+        from jobs.models import JobExecution
+        from jobs.states import TERMINAL_STATES
+
+        with self._lock:
+            if self._taken_at is None or monotonic - self._taken_at >= ttl_s:
+                finished = JobExecution.objects.filter(status__in=TERMINAL_STATES).order_by()
+                self.by_status = dict(finished.values_list("status").annotate(n=Count("id")))
+                self.per_job = list(
+                    finished.values_list("job__name", "status").annotate(n=Count("id"))
+                )
+                self._taken_at = monotonic
+            return self
+
+    def forget(self) -> None:
+        with self._lock:
+            self._taken_at = None
+
+
+history = _History()
+
+
 class ClusterCollector(Collector):
     """The cluster's state as Prometheus gauges, one query per family."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
         from jobs.models import JobExecution
-        from jobs.states import ExecutionStatus
+        from jobs.states import ACTIVE_STATES, ExecutionStatus
 
         now = timezone.now()
         by_status = GaugeMetricFamily(
             "scheduler_executions", "Executions by status", labels=["status"]
         )
-        counts = dict(JobExecution.objects.values_list("status").annotate(n=Count("id")).order_by())
+        active = JobExecution.objects.filter(status__in=ACTIVE_STATES).order_by()
+        finished = history.fresh(settings.SCHEDULER_METRICS_HISTORY_TTL_S, time.monotonic())
+        counts = {
+            **finished.by_status,
+            **dict(active.values_list("status").annotate(n=Count("id"))),
+        }
         for status in ExecutionStatus.values:
             by_status.add_metric([status], counts.get(status, 0))
         yield by_status
@@ -60,11 +105,10 @@ class ClusterCollector(Collector):
         per_job = GaugeMetricFamily(
             "scheduler_job_executions", "Executions by job and status", labels=["job", "status"]
         )
-        for job, status, count in (
-            JobExecution.objects.values_list("job__name", "status")
-            .annotate(n=Count("id"))
-            .order_by()
-        ):
+        for job, status, count in [
+            *finished.per_job,
+            *active.values_list("job__name", "status").annotate(n=Count("id")),
+        ]:
             per_job.add_metric([job, status], count)
         yield per_job
 

@@ -240,6 +240,13 @@ SCHEDULER_HTTP_ALLOWED_HOSTS = env_list("SCHEDULER_HTTP_ALLOWED_HOSTS")
 SCHEDULER_SECRETS_DIR = os.environ.get("SCHEDULER_SECRETS_DIR", "")
 # /metrics is served only when this is set, to scrapes sending "Authorization: Bearer <token>".
 SCHEDULER_METRICS_TOKEN = os.environ.get("SCHEDULER_METRICS_TOKEN", "")
+# Finished runs are counted for /metrics at most once per this many seconds in each web process
+# (the count reads every such row); runs pending, running or awaiting a retry at every scrape.
+SCHEDULER_METRICS_HISTORY_TTL_S = env_int("SCHEDULER_METRICS_HISTORY_TTL_S", 60)
+if SCHEDULER_METRICS_HISTORY_TTL_S < 0:
+    raise ImproperlyConfigured(
+        f"SCHEDULER_METRICS_HISTORY_TTL_S must be 0 or more, got {SCHEDULER_METRICS_HISTORY_TTL_S}"
+    )
 SCHEDULER_HTTP_MAX_TIMEOUT_S = env_int("SCHEDULER_HTTP_MAX_TIMEOUT_S", 30)
 # Management commands the management_command task may run (empty = none).
 SCHEDULER_ALLOWED_COMMANDS = env_list("SCHEDULER_ALLOWED_COMMANDS")

@@ -183,6 +183,8 @@ def test_check_deploy_is_clean_under_production_settings(tmp_path):
         ({"DJANGO_DEBUG": "true"}, "DJANGO_DEBUG"),
         ({"DJANGO_ALLOWED_HOSTS": None}, "DJANGO_ALLOWED_HOSTS"),
         ({"DJANGO_ALLOWED_HOSTS": ""}, "DJANGO_ALLOWED_HOSTS"),
+        ({"SCHEDULER_METRICS_HISTORY_TTL_S": "-1"}, "SCHEDULER_METRICS_HISTORY_TTL_S"),
+        ({"SCHEDULER_METRICS_HISTORY_TTL_S": "soon"}, "SCHEDULER_METRICS_HISTORY_TTL_S"),
     ],
     ids=[
         "short-key",
@@ -194,6 +196,8 @@ def test_check_deploy_is_clean_under_production_settings(tmp_path):
         "debug-true",
         "no-allowed-hosts",
         "empty-allowed-hosts",
+        "negative-metrics-ttl",
+        "unreadable-metrics-ttl",
     ],
 )
 def test_production_settings_refuse_insecure_values(tmp_path, overrides, needle):

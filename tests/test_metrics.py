@@ -12,9 +12,18 @@ from django.utils import timezone
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
 from jobs.models import Job, JobExecution
 from jobs.states import ExecutionStatus
+from scheduler_project import metrics
 
 pytestmark = pytest.mark.django_db
 TOKEN = "metrics-token-for-tests-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _no_history_counted_yet():
+    """Each test starts with nothing counted (another test's rows are gone)."""
+    metrics.history.forget()
+    yield
+    metrics.history.forget()
 
 
 def scrape(token: str | None = TOKEN, host: str = "testserver") -> object:
@@ -104,3 +113,53 @@ def test_the_live_feed_counters_of_the_answering_process(settings, monkeypatch):
     text = scrape().content.decode()
     assert value(text, "scheduler_live_polls_total") == 3
     assert value(text, "scheduler_live_queries_total") == 17
+
+
+def test_finished_runs_are_counted_once_per_ttl_and_active_ones_at_every_scrape(
+    settings, monkeypatch
+):
+    settings.SCHEDULER_METRICS_TOKEN = TOKEN
+    settings.SCHEDULER_METRICS_HISTORY_TTL_S = 60
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+    now = timezone.now()
+    job = Job.objects.create(name="j", task="noop", schedule_type="interval", interval_seconds=60)
+
+    def add(status: str, minutes: int) -> None:
+        slot = now - timezone.timedelta(minutes=minutes)
+        JobExecution.objects.create(job=job, scheduled_for=slot, run_after=slot, status=status)
+
+    add(ExecutionStatus.SUCCEEDED, 1)
+    add(ExecutionStatus.RUNNING, 2)
+    text = scrape().content.decode()
+    assert value(text, 'scheduler_executions{status="succeeded"}') == 1
+    assert value(text, 'scheduler_executions{status="running"}') == 1
+
+    # Within the TTL: a new running run shows at once, a new finished one at the next count.
+    add(ExecutionStatus.SUCCEEDED, 3)
+    add(ExecutionStatus.RUNNING, 4)
+    clock[0] += 59
+    text = scrape().content.decode()
+    assert value(text, 'scheduler_executions{status="succeeded"}') == 1
+    assert value(text, 'scheduler_job_executions{job="j",status="succeeded"}') == 1
+    assert value(text, 'scheduler_executions{status="running"}') == 2
+    assert value(text, 'scheduler_job_executions{job="j",status="running"}') == 2
+
+    clock[0] += 1
+    text = scrape().content.decode()
+    assert value(text, 'scheduler_executions{status="succeeded"}') == 2
+    assert value(text, 'scheduler_job_executions{job="j",status="succeeded"}') == 2
+
+
+def test_a_ttl_of_zero_counts_finished_runs_at_every_scrape(settings):
+    settings.SCHEDULER_METRICS_TOKEN = TOKEN
+    settings.SCHEDULER_METRICS_HISTORY_TTL_S = 0
+    job = Job.objects.create(name="j", task="noop", schedule_type="interval", interval_seconds=60)
+    now = timezone.now()
+    for minutes in (1, 2):
+        slot = now - timezone.timedelta(minutes=minutes)
+        JobExecution.objects.create(
+            job=job, scheduled_for=slot, run_after=slot, status=ExecutionStatus.FAILED
+        )
+        text = scrape().content.decode()
+        assert value(text, 'scheduler_executions{status="failed"}') == minutes
