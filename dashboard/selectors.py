@@ -23,7 +23,7 @@ from django.db.models import (
     Subquery,
     Sum,
 )
-from django.db.models.functions import TruncMinute
+from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 from django.utils.datastructures import MultiValueDict
 
@@ -32,7 +32,7 @@ from dashboard import live
 from jobs import registry
 from jobs import selectors as job_selectors
 from jobs.api.filters import AuditEventFilter, ExecutionFilter, JobFilter
-from jobs.models import AuditEvent, Job, JobExecution
+from jobs.models import RECENT_FIRST, AuditEvent, Job, JobExecution
 from jobs.states import ACTIVE_STATES, TERMINAL_STATES, ExecutionStatus
 
 S = ExecutionStatus
@@ -128,7 +128,7 @@ def execution_rows(
             "scheduled_before": until,
         },
         job_selectors.execution_list(search=search),
-    ).order_by("-id")
+    ).order_by(*RECENT_FIRST)
 
 
 def job_names() -> QuerySet:
@@ -165,7 +165,7 @@ def existing_job_ids(ids: list[int]) -> set[int]:
 
 
 def job_recent_executions(job: Job, limit: int) -> QuerySet[JobExecution]:
-    return job.executions.order_by("-id")[:limit]
+    return job.executions.order_by(*RECENT_FIRST)[:limit]
 
 
 def job_running_count(job: Job) -> int:
@@ -194,7 +194,7 @@ def nodes() -> list[SchedulerNode]:
 
 
 def node_recent_executions(node: SchedulerNode, limit: int) -> QuerySet[JobExecution]:
-    return job_selectors.execution_list(node=node.node_id).order_by("-id")[:limit]
+    return job_selectors.execution_list(node=node.node_id).order_by(*RECENT_FIRST)[:limit]
 
 
 def node_terms(node: SchedulerNode) -> QuerySet[LeadershipTerm]:
@@ -202,7 +202,7 @@ def node_terms(node: SchedulerNode) -> QuerySet[LeadershipTerm]:
 
 
 def recent_executions(limit: int) -> QuerySet[JobExecution]:
-    return JobExecution.objects.select_related("job").order_by("-id")[:limit]
+    return JobExecution.objects.prefetch_related("job").order_by(*RECENT_FIRST)[:limit]
 
 
 def dashboard_counts(*, now: datetime) -> dict[str, int]:
@@ -311,18 +311,27 @@ def dashboard_stats(*, now: datetime | None = None) -> dict[str, Any]:
 def with_last_outcome(jobs: QuerySet[Job]) -> QuerySet[Job]:
     latest_finished = JobExecution.objects.filter(
         job=OuterRef("pk"), status__in=TERMINAL_STATES
-    ).order_by("-id")
+    ).order_by(*RECENT_FIRST)
+    # Each a subquery on one job's index range (its newest finished run, its running ones), not
+    # a count over a join of all its runs: the page costs the same however long the history.
+    running = (
+        JobExecution.objects.filter(job=OuterRef("pk"), status=S.RUNNING)
+        .order_by()
+        .values("job")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
     return jobs.annotate(
         last_outcome=Subquery(latest_finished.values("status")[:1]),
         last_execution_id=Subquery(latest_finished.values("id")[:1]),
-        running=Count("executions", filter=Q(executions__status=S.RUNNING)),
+        running=Coalesce(Subquery(running), 0),
     )
 
 
 def job_stats(job: Job) -> dict[str, Any]:
     finished = list(
         job.executions.filter(status__in=TERMINAL_STATES)
-        .order_by("-id")
+        .order_by(*RECENT_FIRST)
         .values("id", "status", "duration_ms", "finished_at")[:JOB_STATS_EXECUTIONS]
     )
     judged = [e for e in finished if e["status"] in (S.SUCCEEDED, *FAILED_STATUSES)]

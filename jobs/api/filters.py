@@ -128,7 +128,9 @@ class JobFilter(StrictFilterSet):
 
 class ExecutionFilter(StrictFilterSet):
     job = IntegerFilter(field_name="job_id")
-    status = django_filters.MultipleChoiceFilter(choices=ExecutionStatus.choices)
+    # No DISTINCT (the filter's default): a status filter joins nothing that could repeat a run,
+    # and DISTINCT made the page and its count read every run of that status.
+    status = django_filters.MultipleChoiceFilter(choices=ExecutionStatus.choices, distinct=False)
     job_name = django_filters.CharFilter(field_name="job__name")
     scheduled_after = DateTimeBound(field_name="scheduled_for", lookup_expr="gte")
     scheduled_before = DateTimeBound(field_name="scheduled_for", lookup_expr="lt")

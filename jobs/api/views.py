@@ -190,7 +190,8 @@ class JobViewSet(viewsets.ModelViewSet):
 class ExecutionViewSet(viewsets.ReadOnlyModelViewSet):
     """Executions: list/filter and detail (viewer), cancel and retry (operator)."""
 
-    queryset = JobExecution.objects.select_related("job", "triggered_by")
+    # Prefetched, not joined: a page of the newest runs reads only those (see execution_list).
+    queryset = JobExecution.objects.prefetch_related("job", "triggered_by")
     serializer_class = ExecutionSerializer
     filterset_class = ExecutionFilter
     ordering_fields = ["scheduled_for", "created_at", "started_at", "finished_at", "duration_ms"]
