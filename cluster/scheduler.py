@@ -223,11 +223,15 @@ def scheduler_tick(
             running_jobs: set[int] = set()
             waiting_jobs: set[int] = set()
             if ids_buffer:
-                for job_id, status in JobExecution.objects.filter(
-                    job_id__in=ids_buffer,
-                    status__in=[ExecutionStatus.RUNNING, ExecutionStatus.PENDING],
-                    run_after__lte=now,
-                ).values_list("job_id", "status"):
+                for job_id, status in (
+                    JobExecution.objects.filter(
+                        job_id__in=ids_buffer,
+                        status__in=[ExecutionStatus.RUNNING, ExecutionStatus.PENDING],
+                        run_after__lte=now,
+                    )
+                    .order_by()  # not the model's order (by slot): nothing here needs one
+                    .values_list("job_id", "status")
+                ):
                     if status == ExecutionStatus.RUNNING:
                         running_jobs.add(job_id)
                     else:

@@ -157,7 +157,10 @@ def older_waiting(items: list[Scheduled], *, now: datetime) -> dict[int, bool]:
             job_id__in={i.execution.job_id for i in items},
             status=S.PENDING,
             run_after__lte=now,
-        ).values_list("pk", "job_id", "scheduled_for", "claim_token")
+        )
+        # No ORDER BY (the model's is by slot): a sort for nothing, or a walk down the slot index.
+        .order_by()
+        .values_list("pk", "job_id", "scheduled_for", "claim_token")
     )
     older: dict[int, bool] = {}
     for item in items:

@@ -674,9 +674,12 @@ def test_a_claim_skips_rows_another_claimer_holds_and_takes_the_next_ones():
     def holder() -> None:
         try:
             with transaction.atomic():
+                # By primary key: in the model's default order (newest slot first) MariaDB may
+                # read through the slot index, and a locking read locks every row it steps on.
                 list(
                     JobExecution.objects.select_for_update()
                     .filter(pk__in=[rows[0].pk, rows[1].pk])
+                    .order_by("pk")
                     .values_list("pk", flat=True)
                 )
                 held.set()
