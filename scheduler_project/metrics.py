@@ -34,11 +34,12 @@ from __future__ import annotations
 import hmac
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -49,12 +50,11 @@ LATE_AFTER_S = 1.0
 
 
 class _History:
-    """The counts of runs in a final state, by status and by (job, status), kept for a while."""
+    """The counts of runs in a final state by (job, status), kept for a while."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._taken_at: float | None = None
-        self.by_status: dict[str, int] = {}
         self.per_job: list[tuple[str, str, int]] = []
 
     def fresh(self, ttl_s: float, monotonic: float) -> _History:
@@ -64,11 +64,7 @@ class _History:
 
         with self._lock:
             if self._taken_at is None or monotonic - self._taken_at >= ttl_s:
-                finished = JobExecution.objects.filter(status__in=TERMINAL_STATES).order_by()
-                self.by_status = dict(finished.values_list("status").annotate(n=Count("id")))
-                self.per_job = list(
-                    finished.values_list("job__name", "status").annotate(n=Count("id"))
-                )
+                self.per_job = _per_job(JobExecution.objects.filter(status__in=TERMINAL_STATES))
                 self._taken_at = monotonic
             return self
 
@@ -78,6 +74,11 @@ class _History:
 
 
 history = _History()
+
+
+def _per_job(runs: QuerySet) -> list[tuple[str, str, int]]:
+    """(job name, status, count) of ``runs``: one GROUP BY, the by-status counts are its sums."""
+    return list(runs.order_by().values_list("job__name", "status").annotate(n=Count("id")))
 
 
 class ClusterCollector(Collector):
@@ -92,12 +93,11 @@ class ClusterCollector(Collector):
         by_status = GaugeMetricFamily(
             "scheduler_executions", "Executions by status", labels=["status"]
         )
-        active = JobExecution.objects.filter(status__in=ACTIVE_STATES).order_by()
         finished = history.fresh(settings.SCHEDULER_METRICS_HISTORY_TTL_S, time.monotonic())
-        counts = {
-            **finished.by_status,
-            **dict(active.values_list("status").annotate(n=Count("id"))),
-        }
+        rows = [*finished.per_job, *_per_job(JobExecution.objects.filter(status__in=ACTIVE_STATES))]
+        counts: Counter[str] = Counter()
+        for _, status, count in rows:
+            counts[status] += count
         for status in ExecutionStatus.values:
             by_status.add_metric([status], counts.get(status, 0))
         yield by_status
@@ -105,10 +105,7 @@ class ClusterCollector(Collector):
         per_job = GaugeMetricFamily(
             "scheduler_job_executions", "Executions by job and status", labels=["job", "status"]
         )
-        for job, status, count in [
-            *finished.per_job,
-            *active.values_list("job__name", "status").annotate(n=Count("id")),
-        ]:
+        for job, status, count in rows:
             per_job.add_metric([job, status], count)
         yield per_job
 
