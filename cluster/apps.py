@@ -41,7 +41,10 @@ class ClusterConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
+        from cluster.dbhealth import apply_limits
+
         connection_created.connect(_limit_idle_write_transactions, dispatch_uid="cluster-idle-tx")
+        connection_created.connect(apply_limits, dispatch_uid="cluster-control-limits")
         connection_created.connect(_log_new_connection, dispatch_uid="cluster-log-connection")
 
         from cluster import doorbell

@@ -1,8 +1,10 @@
 """Clocks the cluster code reads time from, so tests can move time instead of sleeping.
 
 ``now()`` is wall-clock seconds since the epoch: lease expiries kept in shared storage are written in
-it, so nodes are assumed to run NTP-synchronised clocks. ``monotonic()`` never goes backwards and is
-what a process measures its own deadlines with (renew deadline, lock validity).
+it. A node process reads it from a :class:`ReferenceClock` (the database server's time, carried by
+the monotonic clock), so nodes agree on it even when one machine's clock is stepped.
+``monotonic()`` never goes backwards and is what a process measures its own deadlines with (renew
+deadline, lock validity).
 """
 
 from __future__ import annotations
@@ -33,6 +35,39 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+
+class ReferenceClock:
+    """Wall time taken from a reference (the database server, which every node shares) and carried
+    between readings by this process's monotonic clock, so a step of the machine's own clock (an
+    operator's ``date -s``, a bad NTP step, a VM resumed) moves nothing a node computes: the due
+    runs it claims, the slots it fires, the heartbeats it writes. Until the first reading it is
+    the base clock. Readings are taken by the node (:meth:`sync`); thread-safe."""
+
+    def __init__(self, base: Clock | None = None) -> None:
+        self.base = base or SystemClock()
+        self._lock = threading.Lock()
+        self._anchor_wall = self.base.now()
+        self._anchor_mono = self.base.monotonic()
+        self.offset_s = 0.0  # reference - this machine's wall clock, at the last reading
+
+    def now(self) -> float:
+        with self._lock:
+            return self._anchor_wall + (self.base.monotonic() - self._anchor_mono)
+
+    def monotonic(self) -> float:
+        return self.base.monotonic()
+
+    def sync(self, reference_s: float, *, sent_mono: float, received_mono: float) -> float:
+        """Take a reading of the reference, asked at ``sent_mono`` and answered at
+        ``received_mono`` (this clock's monotonic): the reference is assumed read half-way.
+        Returns the offset of this machine's wall clock from it (seconds, reference - local)."""
+        middle = (sent_mono + received_mono) / 2
+        local = self.base.now() - (self.base.monotonic() - middle)
+        with self._lock:
+            self._anchor_wall, self._anchor_mono = reference_s, middle
+            self.offset_s = reference_s - local
+        return self.offset_s
 
 
 class SettableClock:

@@ -9,7 +9,11 @@ each make one attempt. Retries, jitter and timing live here. The algorithm, one
   someone else's (or expired): stop leading at once; a renew that fails (backend unreachable) is
   retried every ``retry_period`` until ``renew_deadline`` has passed since the last successful
   renew, then stop leading — before the lease can expire and a new leader can be elected;
-- :meth:`LeaderElector.release` hands over at once (SIGTERM): stop leading, release the lease.
+- :meth:`LeaderElector.release` hands over at once (SIGTERM): stop leading, release the lease;
+- ``can_lead``: leading means being able to do the leader's work, not only to reach the lease. A
+  leader that cannot (``can_lead()`` is false: its database does not answer) stops leading and
+  releases the lease at its next step, so another node takes over at once instead of after the
+  partition; a follower that cannot does not campaign.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ logger = logging.getLogger(__name__)
 # Reasons passed to on_stopped_leading (the values of cluster.models.TermEndReason).
 STEPPED_DOWN = "stepped_down"
 LEASE_LOST = "lease_lost"
+# The leader could not do its work (its database unreachable): it released the lease.
+UNABLE = "unable"
 
 ERR_TIMING_ORDER = (
     "election timing must satisfy lease_ttl_ms > renew_deadline_ms > retry_period_ms > 0, "
@@ -102,6 +108,7 @@ class LeaderElector:
         on_started_leading: Callable[[Lease], None] | None = None,
         on_stopped_leading: Callable[[Lease, str], None] | None = None,
         on_new_leader: Callable[[str], None] | None = None,
+        can_lead: Callable[[], bool] | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -111,6 +118,7 @@ class LeaderElector:
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
         self.on_new_leader = on_new_leader
+        self.can_lead = can_lead
         # tick() may run in the election thread while release() comes from a signal handler.
         self._mutex = threading.RLock()
         self._lease: Lease | None = None
@@ -155,7 +163,44 @@ class LeaderElector:
         with self._mutex:
             if self._lease is None:
                 return self._campaign()
+            if not self._able():
+                self._give_up()
+                return self.config.retry_period_ms / 1000
             return self._keep_leading()
+
+    def _able(self) -> bool:
+        if self.can_lead is None:
+            return True
+        try:
+            return bool(self.can_lead())
+        except Exception:
+            logger.exception("the can-lead check of %s failed; assuming unable", self.name)
+            return False
+
+    def _give_up(self) -> None:
+        """Unable to do the leader's work: stop leading and release the lease, so a node that can
+        takes over now (expiry would take a whole TTL). Campaign again no sooner than a TTL from
+        now, and only once able."""
+        lease = self._lease
+        assert lease is not None
+        self._campaign_after = self.clock.monotonic() + self.config.lease_ttl_ms / 1000
+        self._stop_leading(UNABLE)
+        try:
+            released = self.backend.release_lease(lease)
+        except Exception as exc:
+            # It expires by itself within the TTL; renewals have stopped.
+            logger.warning(
+                "releasing lease %s (term %d) failed (%s); it expires by itself",
+                self.name,
+                lease.term,
+                exc,
+                extra={"node": self.identity, "term": lease.term},
+            )
+            return
+        if not released:
+            logger.warning(
+                "lease %s (term %d) was no longer ours to release", self.name, lease.term
+            )
 
     def run(self, stop_event: threading.Event) -> None:
         """Campaign, lead, renew until that fails, campaign again; until ``stop_event`` is set.
@@ -203,6 +248,8 @@ class LeaderElector:
         started = self.clock.monotonic()
         if started < self._campaign_after:
             return self._campaign_after - started
+        if not self._able():
+            return retry_s
         try:
             lease = self.backend.acquire_lease(self.name, self.identity, self.config.lease_ttl_ms)
         except Exception:

@@ -42,6 +42,8 @@ class TermEndReason(models.TextChoices):
     STEPPED_DOWN = "stepped_down", "Stepped down"
     LEASE_LOST = "lease_lost", "Lease lost"
     NODE_DIED = "node_died", "Node died"
+    # The leader could not reach its database and released its lease.
+    UNABLE = "unable", "Database unreachable"
 
 
 class LeadershipTerm(models.Model):

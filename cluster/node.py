@@ -11,7 +11,11 @@ going, waits on the stop event instead of sleeping, and closes stale DB connecti
   leader     while leading: scheduler_tick (sleeping until the earliest next_fire_at minus the
              look-ahead, woken early by a Redis "wake" message when jobs change) and the reaper;
   claim      claims due executions within capacity (woken by "wake", else a short poll);
-  starter    starts each claimed execution at its due instant.
+  starter    starts each claimed execution at its due instant;
+  notifier   while leading: failure notifications (a slow webhook never delays a fire);
+  dbwatch    judges whether the database answers the node's calls (cluster/dbhealth.py): the
+             heartbeat, leader and notifier loops run their statements under tight bounds, and a
+             node whose database does not answer neither leads nor campaigns.
 
 ``tick()`` runs one pass of everything in the calling thread, for tests.
 """
@@ -33,13 +37,15 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from django.utils import timezone
 
 from cluster import doorbell, node_metrics, scheduler
-from cluster.clock import Clock, SystemClock
+from cluster.clock import Clock, ReferenceClock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
-from cluster.elector import ElectionConfig, LeaderElector
+from cluster.dbhealth import DatabaseHealth, Reachability, is_connection_error
+from cluster.elector import UNABLE, ElectionConfig, LeaderElector
 from cluster.executor import PREPARE_WORKERS, RECONCILE_AFTER_S, Executor, Runner
 from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
+from cluster.timesync import TimeKeeper
 from cluster.wake import WAKE_CHANNEL
 from jobs import notifications
 from scheduler_project.logging import process_context, set_process_context
@@ -53,6 +59,9 @@ HEARTBEAT_INTERVAL_S = 0.5
 # (its work is reaped), and a node that cannot show a renewal this recent starts nothing.
 DEAD_AFTER_S = 2.0
 LOOKAHEAD_S = 1.0
+# The server-side limit of one statement on a node's control path (seconds; SCHEDULER_DB_CONTROL_
+# LIMIT_S): the leader's calls answer within it or count as the database unreachable past it.
+DB_CONTROL_LIMIT_S = 1.0
 # How far ahead nodes claim (at most the leader's look-ahead). Less than a second: the claims of
 # a whole-second schedule's next fires come a quarter second after the instant its current fires
 # start, not at that instant, when the node is starting its bodies and the database is busiest
@@ -103,6 +112,21 @@ ERR_CONNECTIONS = (
 )
 
 
+# How often a node judges whether its database answers (seconds; cluster.dbhealth).
+DB_WATCH_S = 0.1
+# The presence payload's mark of a node that cannot reach its database.
+DATABASE_UNREACHABLE = "unreachable"
+
+
+def _end_reason(presence: dict[str, object] | None) -> TermEndReason:
+    """Why an older leader's term ended, from its presence now (None: it has none)."""
+    if presence is None:
+        return TermEndReason.NODE_DIED
+    if presence.get("database") == DATABASE_UNREACHABLE:
+        return TermEndReason.UNABLE
+    return TermEndReason.LEASE_LOST
+
+
 def connection_budget_problem(
     *, node_id: str, coordination: str, reserve: int, dead_after_s: float = DEAD_AFTER_S
 ) -> str | None:
@@ -144,6 +168,9 @@ class NodeConfig:
     claim_poll_s: float = CLAIM_POLL_S
     grace_s: float = DEFAULT_GRACE_S
     election: ElectionConfig = field(default_factory=ElectionConfig)
+    # The server-side limit of one database statement on the node's control path (the leader,
+    # the reaper, the heartbeat, the notifier); see cluster.dbhealth.
+    db_control_limit_s: float = DB_CONTROL_LIMIT_S
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -156,15 +183,35 @@ class NodeConfig:
             raise ValueError("heartbeat_interval_s must be positive")
         if self.lookahead_s < 0:
             raise ValueError("lookahead_s must not be negative")
+        if self.db_control_limit_s <= 0:
+            raise ValueError("db_control_limit_s must be positive")
 
 
-def _loop(name: str, stop: threading.Event, body: Callable[[], float]) -> None:
-    """Run ``body`` until stopped; it returns how long to wait before the next pass."""
+def _loop(
+    name: str,
+    stop: threading.Event,
+    body: Callable[[], float],
+    health: DatabaseHealth | None = None,
+    *,
+    control: bool = False,
+) -> None:
+    """Run ``body`` until stopped; it returns how long to wait before the next pass. With
+    ``health``, the pass's database calls are watched (see cluster.dbhealth); a pass that failed
+    because the database could not be reached is not logged here: the node's health says it once
+    for the whole outage."""
+    watch = (
+        (lambda: health.thread(control=control)) if health is not None else contextlib.nullcontext
+    )
     while not stop.is_set():
         try:
-            delay = body()
-        except Exception:
-            logger.exception("%s loop failed; retrying", name)
+            with watch():
+                delay = body()
+        except Exception as exc:
+            if health is not None and is_connection_error(exc):
+                health.failed(exc, f"the {name} loop")
+                logger.debug("%s loop: database unreachable (%s)", name, exc)
+            else:
+                logger.exception("%s loop failed; retrying", name)
             delay = LOOP_ERROR_BACKOFF_S
         finally:
             close_old_connections()
@@ -187,6 +234,12 @@ class NodeRunner:
         self.config = config
         self.backend = backend or get_backend()
         self.clock = clock or getattr(self.backend, "clock", None) or SystemClock()
+        # A node on the database's time (runnode's clock) reads it now and then.
+        self.timekeeper = (
+            TimeKeeper(config.node_id, self.clock)
+            if isinstance(self.clock, ReferenceClock)
+            else None
+        )
         self.stop_event = threading.Event()
         # The election loop stops first on drain, so the node never campaigns again while it
         # finishes its work.
@@ -207,6 +260,12 @@ class NodeRunner:
         self._threads: list[threading.Thread] = []
         self.membership = Membership(
             self.backend, config.node_id, ttl_s=config.dead_after_s, clock=self.clock
+        )
+        self.database = DatabaseHealth(
+            node_id=config.node_id,
+            limit_s=config.db_control_limit_s,
+            clock=self.clock,
+            on_change=self._database_changed,
         )
         self.executor = Executor(
             node_id=config.node_id,
@@ -229,6 +288,7 @@ class NodeRunner:
             clock=self.clock,
             on_started_leading=self._started_leading,
             on_stopped_leading=self._stopped_leading,
+            can_lead=self.database.able,
         )
         self._log_extra = {"node": config.node_id}
 
@@ -265,6 +325,8 @@ class NodeRunner:
         return node
 
     def heartbeat_once(self) -> float:
+        if self.timekeeper is not None:
+            self.timekeeper.maybe_sync()
         now = self._now()
         status = NodeStatus.DRAINING if self.draining else NodeStatus.ACTIVE
         # A row marked stopped is never brought back: that is this node's own shutdown, and a
@@ -311,10 +373,15 @@ class NodeRunner:
     def presence_once(self) -> float:
         """Renew this node's presence; on a lapse, give up what was claimed under it."""
         began = time.monotonic()
+        database = self.database.observe()
+        payload: dict[str, object] = {"pid": os.getpid(), "running": self.executor.running_count}
+        if not database.reachable:
+            # Read by the dashboard (a node alive here but cut off from the database is degraded)
+            # and by the next leader (why this node's term ended).
+            payload["database"] = DATABASE_UNREACHABLE
+            payload["database_reason"] = database.reason
         try:
-            continuous = self.membership.renew(
-                {"pid": os.getpid(), "running": self.executor.running_count}
-            )
+            continuous = self.membership.renew(payload)
             node_metrics.presence(time.monotonic() - began)
         except Exception as exc:
             node_metrics.presence(None)
@@ -334,12 +401,24 @@ class NodeRunner:
             )
         return self.config.heartbeat_interval_s
 
-    def _live_node_ids(self) -> set[str]:
+    def _live_nodes(self) -> dict[str, dict[str, object]]:
         try:
-            return set(self.backend.live_nodes())
+            return self.backend.live_nodes()
         except Exception as exc:
             logger.warning("could not read live nodes: %s", exc, extra=self._log_extra)
-            return set()
+            return {}
+
+    def watch_database_once(self) -> float:
+        """Judge the database's reachability often: a control call that stalls (an answer held by
+        a partition) is noticed within DB_WATCH_S of its bound, whatever the other loops do."""
+        self.database.observe()
+        return DB_WATCH_S
+
+    def _database_changed(self, state: Reachability) -> None:
+        """Cut off from the database: a leader gives its lease up now, not at its next renewal."""
+        node_metrics.database(state.reachable)
+        if not state.reachable:
+            self.elector.poke()
 
     # --- leadership ----------------------------------------------------------------------------------
     @property
@@ -396,12 +475,13 @@ class NodeRunner:
                 return
             now = self._now()
             with transaction.atomic():
-                for old in LeadershipTerm.objects.filter(
-                    ended_at__isnull=True, term__lt=lease.term
-                ):
-                    alive = old.node_id in self._live_node_ids()
+                older = list(
+                    LeadershipTerm.objects.filter(ended_at__isnull=True, term__lt=lease.term)
+                )
+                live = self._live_nodes() if older else {}
+                for old in older:
                     old.ended_at = now
-                    old.end_reason = TermEndReason.LEASE_LOST if alive else TermEndReason.NODE_DIED
+                    old.end_reason = _end_reason(live.get(old.node_id))
                     old.save(update_fields=["ended_at", "end_reason"])
                 LeadershipTerm.objects.get_or_create(
                     term=lease.term, defaults={"node_id": self.config.node_id, "acquired_at": now}
@@ -431,6 +511,9 @@ class NodeRunner:
         node_metrics.leading(None, reason)
         extra = {**self._log_extra, "term": lease.term}
         logger.info("stopped leading (term %s): %s", lease.term, reason, extra=extra)
+        if reason == UNABLE:
+            # This node cannot reach the database now; the next leader closes the term.
+            return
         end_reason = (
             TermEndReason.STEPPED_DOWN if reason == "stepped_down" else TermEndReason.LEASE_LOST
         )
@@ -507,9 +590,12 @@ class NodeRunner:
         try:
             self._notifier.run_once(self._now())
         except DatabaseError as exc:
-            logger.warning(
-                "notifications: database error (%s); trying again", exc, extra=self._log_extra
-            )
+            if is_connection_error(exc):
+                self.database.failed(exc, "the notifier")  # said once by the node's health
+            else:
+                logger.warning(
+                    "notifications: database error (%s); trying again", exc, extra=self._log_extra
+                )
             connection.close()
         return NOTIFY_INTERVAL_S
 
@@ -577,12 +663,16 @@ class NodeRunner:
     def tick(self) -> None:
         self.elector.tick()
         self.presence_once()
-        self.heartbeat_once()
-        self.leader_once()
-        self.claim_once()
+        with self.database.thread(control=True):
+            self.heartbeat_once()
+            self.leader_once()
+        with self.database.thread(control=False):
+            self.claim_once()
 
     # --- running -------------------------------------------------------------------------------------
-    def _waiting_loop(self, name: str, wake: threading.Event, body: Callable[[], float]) -> None:
+    def _waiting_loop(
+        self, name: str, wake: threading.Event, body: Callable[[], float], *, control: bool
+    ) -> None:
         def step() -> float:
             delay = body()
             if delay > 0:
@@ -590,7 +680,7 @@ class NodeRunner:
                 wake.clear()
             return 0.0
 
-        _loop(name, self.stop_event, step)
+        _loop(name, self.stop_event, step, self.database, control=control)
 
     def register_when_reachable(self, stop: threading.Event) -> bool:
         """Register, waiting for the database and the coordination backend as long as it takes
@@ -622,11 +712,32 @@ class NodeRunner:
         loops: list[tuple[str, Callable[[], None]]] = [
             ("election", lambda: self.elector.run(self._election_stop)),
             ("presence", lambda: _loop("presence", self.stop_event, self.presence_once)),
-            ("heartbeat", lambda: _loop("heartbeat", self.stop_event, self.heartbeat_once)),
-            ("leader", lambda: self._waiting_loop("leader", self._wake_leader, self.leader_once)),
-            ("claim", lambda: self._waiting_loop("claim", self._wake_claim, self.claim_once)),
+            ("dbwatch", lambda: _loop("dbwatch", self.stop_event, self.watch_database_once)),
+            (
+                "heartbeat",
+                lambda: _loop(
+                    "heartbeat", self.stop_event, self.heartbeat_once, self.database, control=True
+                ),
+            ),
+            (
+                "leader",
+                lambda: self._waiting_loop(
+                    "leader", self._wake_leader, self.leader_once, control=True
+                ),
+            ),
+            (
+                "claim",
+                lambda: self._waiting_loop(
+                    "claim", self._wake_claim, self.claim_once, control=False
+                ),
+            ),
             ("starter", lambda: self.executor.run_starter(self.stop_event)),
-            ("notifier", lambda: _loop("notifier", self.stop_event, self.notify_once)),
+            (
+                "notifier",
+                lambda: _loop(
+                    "notifier", self.stop_event, self.notify_once, self.database, control=True
+                ),
+            ),
             ("wake", self._listen_wake),
         ]
         for name, target in loops:

@@ -8,7 +8,8 @@ outcome writes were fenced. Every series is prefixed ``scheduler_node_``; the no
 
 The same port answers ``/health/live`` (200 while the node's loops turn: its claim loop passed in
 the last LIVE_AFTER_S) and ``/health/ready`` (200 while the node can show it is a member, the
-condition it starts bodies under), for the probes of a node pod.
+condition it starts bodies under, and its database answers: a node cut off from its database
+can do none of its work), for the probes of a node pod.
 
 The recording functions are cheap no-ops until ``enable`` is called: a test harness, a web process
 and a node without ``--metrics-port`` pay nothing.
@@ -31,6 +32,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from cluster.dbhealth import Reachability
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +138,26 @@ class NodeMetrics:
         self.capacity = Gauge(
             "scheduler_node_capacity", "Runs this node executes at once.", node, registry=r
         )
+        self.database_reachable = Gauge(
+            "scheduler_node_database_reachable",
+            "1 while this node's database answers its calls, 0 while it does not.",
+            node,
+            registry=r,
+        )
+        self.database_outages = Counter(
+            "scheduler_node_database_unreachable",
+            "Times this node found its database unreachable (each outage counts once).",
+            node,
+            registry=r,
+        )
+        self.clock_offset = Gauge(
+            "scheduler_node_clock_offset_seconds",
+            "This machine's wall clock minus the database's, at the last reading (the node keeps "
+            "the database's time).",
+            node,
+            registry=r,
+        )
+        self.labels(self.database_reachable).set(1)
         self.last_claim_pass = time.monotonic()
 
     def labels(self, metric: Any, **labels: str) -> Any:
@@ -214,6 +237,21 @@ def leading(term: int | None, event: str | None = None) -> None:
         m.labels(m.terms, event=event).inc()
 
 
+def clock_offset(reference_minus_local: float) -> None:
+    m = _current
+    if m is not None:
+        m.labels(m.clock_offset).set(-reference_minus_local)
+
+
+def database(reachable: bool) -> None:
+    m = _current
+    if m is None:
+        return
+    m.labels(m.database_reachable).set(1 if reachable else 0)
+    if not reachable:
+        m.labels(m.database_outages).inc()
+
+
 def presence(seconds: float | None) -> None:
     m = _current
     if m is None:
@@ -241,7 +279,8 @@ def app(
     *,
     tracked: Callable[[], dict[str, int]],
     capacity: int,
-    ready: Callable[[], bool],
+    member: Callable[[], bool],
+    database: Callable[[], Reachability],
 ) -> Callable[..., Iterable[bytes]]:
     """The node's WSGI application: /metrics, /health/live, /health/ready."""
 
@@ -259,8 +298,14 @@ def app(
             ok = age < LIVE_AFTER_S
             return _text(start_response, ok, f"claim loop passed {age:.1f} s ago\n")
         if path == "/health/ready":
-            ok = ready()
-            return _text(start_response, ok, "member\n" if ok else "membership not confirmed\n")
+            problems = []
+            if not member():
+                problems.append("membership not confirmed")
+            reach = database()
+            if not reach.reachable:
+                problems.append(f"database unreachable: {reach.reason}")
+            text = "; ".join(problems) if problems else "member; database reachable"
+            return _text(start_response, not problems, text + "\n")
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found: /metrics, /health/live, /health/ready\n"]
 

@@ -51,11 +51,24 @@ KNOBS: dict[str, tuple[Any, Callable[[str], Any], Callable[[Any], str | None]]] 
     "RENEW_DEADLINE_MS": (1500, int, lambda v: None if v >= 50 else "must be at least 50"),
     "RETRY_PERIOD_MS": (250, int, lambda v: None if v >= 10 else "must be at least 10"),
     "DRAIN_GRACE_S": (30.0, float, lambda v: None if v >= 0 else "must not be negative"),
+    # One database statement on a node's control path (the leader, the reaper, the heartbeat, the
+    # notifier) may run this long on the server; unanswered a little longer, the database counts
+    # as unreachable and a leader releases its lease (cluster.dbhealth).
+    "DB_CONTROL_LIMIT_S": (
+        1.0,
+        float,
+        lambda v: None if 0.1 <= v <= 60 else "must be within 0.1-60 seconds",
+    ),
     "METRICS_PORT": (0, int, lambda v: None if 0 <= v <= 65535 else "must be 0 (off) or a port"),
     "METRICS_HOST": ("0.0.0.0", str, lambda v: None if v else "must not be empty"),  # noqa: S104
     # [] (default): not pinned; see cluster.affinity.
     "CPUS": ([], cpu_list, _cpus_problem),
 }
+
+
+# How long past DB_CONTROL_LIMIT_S an unanswered control call waits on the network (seconds; the
+# value of cluster.dbhealth.STALL_MARGIN_S, which a test keeps equal).
+DB_STALL_MARGIN_S = 0.25
 
 
 def together(values: Mapping[str, Any]) -> str | None:
@@ -66,6 +79,11 @@ def together(values: Mapping[str, Any]) -> str | None:
         return "RENEW_DEADLINE_MS must be below LEASE_TTL_MS (a leader gives up before it expires)"
     if values["RETRY_PERIOD_MS"] >= values["RENEW_DEADLINE_MS"]:
         return "RETRY_PERIOD_MS must be below RENEW_DEADLINE_MS (several tries per deadline)"
+    if values["DB_CONTROL_LIMIT_S"] + DB_STALL_MARGIN_S >= values["RENEW_DEADLINE_MS"] / 1000:
+        return (
+            f"DB_CONTROL_LIMIT_S + {DB_STALL_MARGIN_S:g} s must be below RENEW_DEADLINE_MS (a "
+            "leader cut off from its database must notice before its renew deadline)"
+        )
     return None
 
 

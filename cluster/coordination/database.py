@@ -10,8 +10,9 @@ Correct with several processes: SQLite runs each transaction under ``BEGIN IMMED
 at a time, see settings); MariaDB/InnoDB re-checks an UPDATE's WHERE clause on the newest committed row
 once it holds the row lock, so two racing UPDATEs cannot both match.
 
-Time: expiries are wall-clock milliseconds from the injected clock of whichever node writes them.
-Nodes are assumed to run NTP-synchronised clocks; a skew of S ms shortens or lengthens a lease by S.
+Time: expiries are wall-clock milliseconds from the injected clock of whichever node writes them. A
+node process keeps the database server's time (``runnode``'s ReferenceClock), so a machine whose
+clock is stepped neither shortens nor lengthens the leases it writes.
 On MariaDB, names compare case-insensitively (utf8mb4_unicode_ci): do not rely on case to tell two
 leases apart.
 

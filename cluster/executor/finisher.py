@@ -66,6 +66,10 @@ class Finisher:
         # A SimpleQueue: a put is one C call, no condition to notify (every run's body puts).
         self._queue: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._streamed_at = 0.0
+        # A stepped finisher's batch that could not reach the database, kept for the next step,
+        # and since when it has failed (its clock): given up FINISH_RETRY_S after, as write() is.
+        self._held: list[Outcome] = []
+        self._failing_since: float | None = None
 
     def put(self, outcome: Outcome) -> None:
         self._queue.put(outcome)
@@ -125,10 +129,29 @@ class Finisher:
         return len(due)
 
     def flush(self) -> int:
-        """Write everything queued now, in this thread (a stepped executor). Returns the count."""
+        """Write everything queued now, in this thread (a stepped executor). Returns the count.
+
+        It never waits: while the database cannot be reached, the batch is kept for the next
+        flush (and given up, as :meth:`write` gives up, FINISH_RETRY_S after it first failed on
+        the finisher's clock), and the error is raised to the caller."""
         count = 0
-        while batch := self._take(FINISH_BATCH):
-            self.write(batch)
+        while batch := self._held or self._take(FINISH_BATCH):
+            self._held = []
+            try:
+                self._commit(batch)
+            except (OperationalError, InterfaceError):
+                connection.close()
+                now = self.clock.monotonic()
+                if self._failing_since is None:
+                    self._failing_since = now
+                if now - self._failing_since <= FINISH_RETRY_S:
+                    self._held = batch
+                    raise
+                logger.error("writing %d outcomes: giving up", len(batch))
+                for outcome in batch:
+                    self._write_alone(outcome)
+            self._failing_since = None
+            self.on_written(batch)
             count += len(batch)
         return count
 
@@ -154,25 +177,8 @@ class Finisher:
         while not written:
             attempt += 1
             try:
-                won = executions.finish_batch(
-                    [(outcome.run.execution, _keywords(outcome)) for outcome in batch],
-                    now=self._now(),
-                )
-                node_metrics.fenced(len(batch) - len(won))
+                self._commit(batch)
                 written = True
-                if tracing.enabled():
-                    committed = self.clock.now()
-                    for outcome in batch:
-                        tracing.span(
-                            "finish",
-                            outcome.run.execution.pk,
-                            start=outcome.ended or committed,
-                            end=committed,
-                            attributes={
-                                "scheduler.outcome": outcome.status,
-                                "scheduler.written": outcome.run.execution.pk in won,
-                            },
-                        )
             except (OperationalError, InterfaceError) as exc:
                 connection.close()  # reconnect on the next try
                 if self.clock.monotonic() > give_up:
@@ -189,6 +195,26 @@ class Finisher:
             for outcome in batch:
                 self._write_alone(outcome)
         self.on_written(batch)
+
+    def _commit(self, batch: list[Outcome]) -> None:
+        """The batch in one transaction (outcomes a newer claim fenced off are counted)."""
+        won = executions.finish_batch(
+            [(outcome.run.execution, _keywords(outcome)) for outcome in batch], now=self._now()
+        )
+        node_metrics.fenced(len(batch) - len(won))
+        if tracing.enabled():
+            committed = self.clock.now()
+            for outcome in batch:
+                tracing.span(
+                    "finish",
+                    outcome.run.execution.pk,
+                    start=outcome.ended or committed,
+                    end=committed,
+                    attributes={
+                        "scheduler.outcome": outcome.status,
+                        "scheduler.written": outcome.run.execution.pk in won,
+                    },
+                )
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now(), tz=UTC)

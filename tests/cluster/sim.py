@@ -7,6 +7,7 @@ test says so, and everything due at an instant happens, in a fixed order, before
     sim.advance(5)               # five seconds of cluster life, stepped every STEP_S
     sim.kill("n1")               # SIGKILL: the node does nothing more, its bodies vanish
     sim.freeze("n2"); sim.advance(6); sim.thaw("n2")   # SIGSTOP past the lease, SIGCONT
+    sim.cut_database("n1"); sim.advance(8); sim.heal("n1")  # n1 partitioned from its database
 
 ``django.utils.timezone.now`` is patched to the simulated clock (the ``make_sim`` fixture), so rows'
 auto-set times (``created_at``) and every service agree with the nodes on what time it is.
@@ -19,17 +20,20 @@ kwarg) of simulated time, so a forbid job can overrun its interval without anyon
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from cluster.clock import SettableClock
 from cluster.coordination.memory import MemoryBackend, MemoryStore
+from cluster.dbhealth import is_connection_error
 from cluster.executor.core import OVERFLOW_WAIT_S, SUPERVISE_INTERVAL_S
 from cluster.executor.output import call_task, task_context
 from cluster.executor.runners import RunHost
@@ -47,6 +51,15 @@ S = ExecutionStatus
 STEP_S = 0.05
 # A loop that keeps saying "again at once" (a claim that filled up) runs at most this often per step.
 MAX_PASSES_PER_STEP = 5
+# The loops a node runs under its control bounds (cluster.node: leader, heartbeat, notifier).
+CONTROL_LOOPS = frozenset({"heartbeat", "leader"})
+# A loop whose pass failed for want of its database waits this long, as cluster.node._loop does.
+ERROR_BACKOFF_S = 0.5
+UNREACHABLE = "Lost connection to server during query (simulated partition)"
+
+
+def _refuse(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+    raise OperationalError(2013, UNREACHABLE)
 
 
 @dataclass
@@ -166,6 +179,7 @@ class SimNode:
     loops: list[_Loop] = field(default_factory=list)
     alive: bool = True
     frozen: bool = False
+    cut: bool = False  # partitioned from the database (the coordination store still answers)
 
     @property
     def node_id(self) -> str:
@@ -239,12 +253,39 @@ class SimCluster:
                 elif loop.name == "leader":
                     runner._wake_leader.clear()
                 wake = False
-                delay = loop.body()
+                delay = self._pass(node, loop)
                 loop.next_at = now + delay
                 passes += 1
-        executor.extend_locks()
-        node.bodies.step()
-        executor.finisher.flush()
+        with self._database(node, control=False):
+            executor.extend_locks()
+            node.bodies.step()
+            try:
+                executor.finisher.flush()
+            except OperationalError as exc:
+                if not (node.cut and is_connection_error(exc)):
+                    raise
+
+    def _pass(self, node: SimNode, loop: _Loop) -> float:
+        """One pass of a loop, watched as the node's threads are; a pass that fails for want of
+        the database backs off, as cluster.node._loop does (any other error fails the test)."""
+        with self._database(node, control=loop.name in CONTROL_LOOPS):
+            try:
+                return loop.body()
+            except OperationalError as exc:
+                if not (node.cut and is_connection_error(exc)):
+                    raise
+                node.runner.database.failed(exc, f"the {loop.name} loop")
+                return ERROR_BACKOFF_S
+
+    @contextlib.contextmanager
+    def _database(self, node: SimNode, *, control: bool) -> Iterator[None]:
+        """The node's database calls as its health watches them; refused while it is cut off."""
+        with node.runner.database.thread(control=control):
+            if node.cut:
+                with connection.execute_wrapper(_refuse):
+                    yield
+            else:
+                yield
 
     # --- nodes --------------------------------------------------------------------------------------
     def add(self, node_id: str, **config: Any) -> SimNode:
@@ -289,6 +330,14 @@ class SimCluster:
     def thaw(self, node_id: str) -> None:
         """SIGCONT: every loop is overdue and runs at the next step, in its usual order."""
         self.nodes[node_id].frozen = False
+
+    def cut_database(self, node_id: str) -> None:
+        """Partition the node from its database (it still reaches the coordination store): every
+        statement it sends fails as a read timeout would."""
+        self.nodes[node_id].cut = True
+
+    def heal(self, node_id: str) -> None:
+        self.nodes[node_id].cut = False
 
     def drain(self, node_id: str, *, limit: float = 60.0) -> None:
         """A graceful drain as ``NodeRunner.shutdown`` does it, with the waiting stepped: stop

@@ -15,6 +15,7 @@ from cluster.elector import (
     ERR_TIMING_TYPE,
     LEASE_LOST,
     STEPPED_DOWN,
+    UNABLE,
     ElectionConfig,
     LeaderElector,
 )
@@ -259,6 +260,70 @@ def test_release_hands_over_at_once(store, clock) -> None:
     b.tick()
     assert b.is_leader and b.lease.term == 2
     assert a.release() is False  # nothing left to release
+
+
+# --- leading means being able to do the work -----------------------------------------------------
+class Ability:
+    """What a node's database health would answer (cluster.dbhealth.DatabaseHealth.able)."""
+
+    def __init__(self) -> None:
+        self.able = True
+        self.asked = 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.able
+
+
+def test_a_leader_unable_to_do_its_work_releases_at_its_next_step(store, clock) -> None:
+    ability = Ability()
+    a, a_backend, a_events = make_elector("node-a", store, clock, can_lead=ability)
+    b, _, _ = make_elector("node-b", store, clock)
+    a.tick()
+    b.tick()
+    ability.able = False
+    clock.advance(0.01)  # well before its next renewal is due: it does not wait for it
+    a.tick()
+    assert not a.is_leader
+    assert a_events.events[-1] == ("stopped", "node-a", 1, UNABLE)
+    assert a_backend.current_lease(NAME) is None  # released, not left to expire
+    b.tick()  # the follower takes over at its next step, with no TTL to wait
+    assert b.is_leader and b.lease.term == 2
+
+
+def test_a_node_unable_to_do_the_work_does_not_campaign_until_able(store, clock) -> None:
+    ability = Ability()
+    ability.able = False
+    a, _, a_events = make_elector("node-a", store, clock, can_lead=ability)
+    for _ in range(20):
+        assert a.tick() == pytest.approx(RETRY_S)
+        clock.advance(RETRY_S)
+    assert a.lease is None and a_events.events == []
+    ability.able = True
+    a.tick()
+    assert a.is_leader
+
+
+def test_a_leader_that_gave_up_waits_a_ttl_before_campaigning_again(store, clock) -> None:
+    ability = Ability()
+    a, _, _ = make_elector("node-a", store, clock, can_lead=ability)
+    a.tick()
+    ability.able = False
+    a.tick()
+    ability.able = True  # the database answers again at once: others still get their turn
+    assert a.tick() == pytest.approx(TTL_S)
+    clock.advance(TTL_S)
+    a.tick()
+    assert a.is_leader and a.lease.term == 2
+
+
+def test_a_failing_can_lead_check_counts_as_unable(store, clock) -> None:
+    def broken() -> bool:
+        raise RuntimeError("boom")
+
+    a, _, a_events = make_elector("node-a", store, clock, can_lead=broken)
+    a.tick()
+    assert a.lease is None and a_events.events == []
 
 
 def test_backend_exceptions_never_escape_tick(store, clock) -> None:

@@ -15,11 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.db.utils import OperationalError
+from prometheus_client import generate_latest
 
 import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
 from cluster import node_metrics
 from cluster.clock import SettableClock
 from cluster.coordination.memory import MemoryBackend
+from cluster.dbhealth import DatabaseHealth, Reachability
 from cluster.executor import Executor
 from cluster.membership import Membership
 from jobs import services
@@ -79,7 +82,11 @@ def test_a_nodes_metrics_name_its_runs_claims_locks_and_leadership(metrics, exec
     assert run_one(executor, "bad-job", "test.fail", concurrency_policy="forbid").status == "failed"
     node_metrics.leading(7, "started")
     app = node_metrics.app(
-        metrics, tracked=executor.snapshot, capacity=3, ready=executor.membership.confirmed
+        metrics,
+        tracked=executor.snapshot,
+        capacity=3,
+        member=executor.membership.confirmed,
+        database=lambda: Reachability(True),
     )
     server = node_metrics.serve(app, "127.0.0.1", 0)
     try:
@@ -115,7 +122,10 @@ def test_readiness_follows_the_nodes_membership(metrics):
     clock = SettableClock()
     membership = Membership(MemoryBackend(clock=clock), NODE, ttl_s=2.0, clock=clock)
     membership.renew({})
-    app = node_metrics.app(metrics, tracked=dict, capacity=1, ready=membership.confirmed)
+    health = DatabaseHealth(node_id=NODE, limit_s=1.0, clock=clock)
+    app = node_metrics.app(
+        metrics, tracked=dict, capacity=1, member=membership.confirmed, database=health.observe
+    )
     server = node_metrics.serve(app, "127.0.0.1", 0)
     try:
         url = f"http://127.0.0.1:{server.server_port}/health/ready"
@@ -125,6 +135,34 @@ def test_readiness_follows_the_nodes_membership(metrics):
         assert (status, text) == (503, "membership not confirmed\n")
         membership.renew({})
         assert get(url)[0] == 200
+    finally:
+        server.shutdown()
+
+
+def test_readiness_turns_503_while_the_database_cannot_be_reached(metrics):
+    clock = SettableClock()
+    membership = Membership(MemoryBackend(clock=clock), NODE, ttl_s=60.0, clock=clock)
+    membership.renew({})
+    health = DatabaseHealth(
+        node_id=NODE,
+        limit_s=1.0,
+        clock=clock,
+        on_change=lambda state: node_metrics.database(state.reachable),
+    )
+    app = node_metrics.app(
+        metrics, tracked=dict, capacity=1, member=membership.confirmed, database=health.observe
+    )
+    server = node_metrics.serve(app, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/health/ready"
+        assert get(url) == (200, "member; database reachable\n")
+        health.failed(OperationalError(2003, "Can't connect to MySQL server"), "the heartbeat")
+        status, text = get(url)
+        assert status == 503
+        assert text.startswith("database unreachable: "), text
+        text = generate_latest(metrics.registry).decode()
+        assert sample(text, f'scheduler_node_database_reachable{{node="{NODE}"}}') == 0.0
+        assert sample(text, f'scheduler_node_database_unreachable_total{{node="{NODE}"}}') == 1.0
     finally:
         server.shutdown()
 

@@ -186,6 +186,62 @@ def test_a_leader_frozen_past_its_lease_is_fenced_and_starts_nothing_taken_from_
     assert not late.exists(), "the frozen leader wrote with its old term after resuming"
 
 
+# --- a node partitioned from its database ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("before_slot", "partition_s"), [(0.0, 8.0), (0.1, 30.0), (0.5, 8.0)])
+def test_a_leader_cut_off_from_its_database_hands_over_and_the_jobs_keep_their_pace(
+    make_sim, before_slot, partition_s
+):
+    """The leader loses its database (not the coordination store) at or near a slot, for 8 s or
+    30 s: it stops leading and releases its lease at once (it can still reach it), another node
+    takes over within the renew deadline, and every job keeps running about once a second; the
+    cut node does not campaign until its database answers again. Before, it kept renewing its
+    lease and the cluster started no scheduled run for the whole partition."""
+    sim = make_sim()
+    jobs = [sim.create_job(name=f"tick-{k}") for k in range(6)]
+    sim.advance(3)
+    victim = sim.leader()
+    assert victim is not None
+    advance_to(sim, next_slot(sim, after=1.0) - before_slot)
+    sim.cut_database(victim)
+    cut_at = sim.clock.now()
+    took = sim.advance_until(lambda: sim.leader() not in (None, victim), limit=10)
+    assert took <= 1.5 + 0.5, f"takeover took {took:.2f} s"
+    assert not sim.nodes[victim].runner.database.state.reachable
+    sim.advance(partition_s - took)
+    assert sim.leader() != victim, "a node cut off from its database campaigned"
+    sim.heal(victim)
+    sim.advance(4)
+
+    assert sim.nodes[victim].runner.database.state.reachable
+    for job in jobs:
+        assert max(effects_by_slot(sim, job).values()) == 1
+        starts = sorted(effect.at for effect in sim.starts(job) if effect.at >= cut_at - 1.5)
+        gaps = [b - a for a, b in pairwise(starts)]
+        assert max(gaps) <= 3.0, f"{job.name} went {max(gaps):.2f} s without a run"
+        first = min(row["scheduled_for"] for row in rows(job)).timestamp()
+        assert_every_slot_accounted(job, first, sim.clock.now() - 2)
+    ended = LeadershipTerm.objects.filter(node_id=victim).exclude(ended_at=None).get()
+    assert ended.end_reason == "unable"  # the next leader saw why in its presence
+
+
+def test_a_worker_cut_off_from_its_database_never_campaigns_when_the_leader_dies(make_sim):
+    sim = make_sim()
+    sim.create_job(name="tick")
+    sim.advance(3)
+    leader = sim.leader()
+    worker = next(n for n in sim.nodes if n != leader)
+    sim.cut_database(worker)
+    sim.advance(1)
+    sim.kill(leader)
+    sim.advance(6)
+    assert sim.leader() not in (None, worker, leader)
+    sim.heal(worker)
+    sim.advance(1)
+    assert sim.nodes[worker].runner.database.state.reachable
+
+
 # --- a worker SIGKILLed mid-run -------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from django.db import DatabaseError, connections
 
 from cluster import affinity, node_metrics, tracing
 from cluster.apps import limit_idle_transactions
+from cluster.clock import ReferenceClock
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
 from cluster.node import (
@@ -46,6 +47,7 @@ FLAGS = {
     "DEAD_AFTER_S": "dead_after_s",
     "LOOKAHEAD_S": "lookahead_s",
     "DRAIN_GRACE_S": "grace",
+    "DB_CONTROL_LIMIT_S": "db_control_limit_s",
     "METRICS_PORT": "metrics_port",
     "METRICS_HOST": "metrics_host",
     "CPUS": "cpus",
@@ -94,6 +96,13 @@ class Command(BaseCommand):
         knob("--lookahead-s", "LOOKAHEAD_S", float, "The leader creates fires this far ahead")
         knob("--grace", "DRAIN_GRACE_S", float, "Drain grace (s)")
         knob(
+            "--db-control-limit-s",
+            "DB_CONTROL_LIMIT_S",
+            float,
+            "Longest database statement on the control path (leader, heartbeat, notifier); "
+            "unanswered a little longer, the database counts as unreachable",
+        )
+        knob(
             "--metrics-port",
             "METRICS_PORT",
             int,
@@ -129,6 +138,7 @@ class Command(BaseCommand):
                 dead_after_s=knobs["DEAD_AFTER_S"],
                 lookahead_s=knobs["LOOKAHEAD_S"],
                 grace_s=knobs["DRAIN_GRACE_S"],
+                db_control_limit_s=knobs["DB_CONTROL_LIMIT_S"],
                 election=ElectionConfig(
                     lease_ttl_ms=knobs["LEASE_TTL_MS"],
                     renew_deadline_ms=knobs["RENEW_DEADLINE_MS"],
@@ -168,8 +178,12 @@ class Command(BaseCommand):
             connections.close_all()
         if problem:
             raise CommandError(problem, returncode=EXIT_USAGE)
-        backend = get_backend(options["coordination"])
-        node = NodeRunner(config, backend)
+        # The node's time is its database's (read now and then, carried by the monotonic clock):
+        # a step of this machine's clock moves nothing it computes. Leases in the coordination
+        # store are written on the same clock.
+        clock = ReferenceClock()
+        backend = get_backend(options["coordination"], clock=clock)
+        node = NodeRunner(config, backend, clock=clock)
         drain_requested = threading.Event()
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -208,7 +222,8 @@ class Command(BaseCommand):
             metrics,
             tracked=node.executor.snapshot,
             capacity=node.config.capacity,
-            ready=node.membership.confirmed,
+            member=node.membership.confirmed,
+            database=node.database.observe,
         )
         try:
             server = node_metrics.serve(app, host, port)

@@ -1,0 +1,322 @@
+"""Whether a node can do its work in the database, judged from its own calls.
+
+Leadership and claims mean "able to do the work", not "able to reach the lock": a leader cut off from
+its database while it still reaches Redis would otherwise renew its lease and stall every scheduled
+run for as long as the partition lasts. So a node watches the calls its own loops make:
+
+- *control* threads (the leader's scheduling and reaping, the heartbeat, the notifier) run every
+  statement under tight bounds on MariaDB/MySQL: a server-side limit (``max_statement_time`` and
+  ``innodb_lock_wait_timeout``) of ``limit_s``, and a client read/write/connect timeout a second
+  above it. The server answers any statement within its limit, be it only with an error, so a
+  control call still unanswered ``limit_s + STALL_MARGIN_S`` after it began is waiting on the
+  network: the database is *unreachable*;
+- *work* threads (the claim loop) keep the default bounds; a call of theirs that fails with a
+  connection error (gone away, lost, refused, timed out) counts too.
+
+The database is unreachable while a control call is stalled, or while the newest call to fail with a
+connection error began after the newest call that got an answer; it is reachable again once a call
+begun after the failure is answered. The leader's elector asks :meth:`DatabaseHealth.able` before
+every renewal and before campaigning: a leader that cannot reach its database releases its lease,
+and a node that cannot reach it does not campaign.
+
+Calls are seen through the thread's own connection: its statements (an execute wrapper), and its
+connect, commit, rollback and autocommit switches (a COMMIT whose answer is held hangs like any
+statement). A thread is watched while it runs inside :meth:`DatabaseHealth.thread`; task bodies
+and every other thread are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connection
+
+from cluster.clock import Clock, SystemClock
+
+logger = logging.getLogger(__name__)
+
+# A control call unanswered this long past its server-side limit is waiting on the network (s).
+STALL_MARGIN_S = 0.25
+# The client-side read/write/connect timeout of a control connection is the limit plus this, so
+# the server's own limit always ends a slow statement first (seconds; the driver takes whole ones).
+CLIENT_TIMEOUT_MARGIN_S = 1.0
+# MySQL client error codes that mean the server could not be reached or the connection broke:
+# 2002/2003 cannot connect, 2006 server has gone away, 2013 lost connection during a query (also a
+# read timeout), 2055 lost connection at a system error. Other errors came from a server that
+# answered (a deadlock, a statement limit, a constraint): the database is reachable.
+CONNECTION_ERROR_CODES = frozenset({2002, 2003, 2006, 2013, 2055})
+
+_local = threading.local()
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached (as opposed to an answer): Django's
+    wrapped errors and the driver's own (a failed connect is seen before Django wraps it)."""
+    django_error = isinstance(exc, DatabaseError | InterfaceError)
+    cause = exc.__cause__ if django_error and exc.__cause__ is not None else exc
+    from_driver = django_error or type(cause).__module__.startswith("MySQLdb")
+    if not from_driver:
+        return False
+    if isinstance(exc, InterfaceError) or type(cause).__name__ == "InterfaceError":
+        return True  # the connection was already closed or broken
+    args = getattr(cause, "args", ())
+    code = args[0] if args and isinstance(args[0], int) else None
+    return code in CONNECTION_ERROR_CODES
+
+
+def _seen(error: BaseException) -> bool:
+    return any(getattr(e, "scheduler_seen", False) for e in (error, error.__cause__) if e)
+
+
+def client_timeout_s(limit_s: float) -> int:
+    """The whole seconds of a control connection's client read/write/connect timeout."""
+    return math.ceil(limit_s + CLIENT_TIMEOUT_MARGIN_S)
+
+
+@dataclass(frozen=True)
+class Reachability:
+    reachable: bool
+    # Why not (empty while reachable), and since when (monotonic; None while reachable).
+    reason: str = ""
+    since: float | None = None
+
+
+@dataclass
+class _Call:
+    thread: str
+    what: str
+    started: float
+    control: bool
+
+
+class DatabaseHealth:
+    """One node's view of its path to the database. Thread-safe; cheap on every call."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        limit_s: float,
+        clock: Clock | None = None,
+        on_change: Callable[[Reachability], None] | None = None,
+    ) -> None:
+        if limit_s <= 0:
+            raise ValueError("the control statement limit must be positive")
+        self.node_id = node_id
+        self.limit_s = limit_s
+        self.stall_s = limit_s + STALL_MARGIN_S
+        self.clock = clock or SystemClock()
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._calls: dict[int, _Call] = {}
+        self._next_call = 0
+        # Calls are ordered by when they began (a counter: two may begin at one clock reading).
+        self._answered = 0  # the newest-begun call that got an answer
+        self._failed: tuple[int, float, str] | None = None  # (call, start, what): newest failure
+        self._state = Reachability(True)
+
+    # --- what the node asks ----------------------------------------------------------------------
+    def able(self) -> bool:
+        """Whether this node can do database work now (the elector's question)."""
+        return self.observe().reachable
+
+    def observe(self) -> Reachability:
+        """The current reachability; logs (once) and reports each change."""
+        now = self.clock.monotonic()
+        with self._lock:
+            state = self._judge(now)
+            previous = self._state
+            changed = state.reachable != previous.reachable
+            if changed:
+                self._state = state
+            elif not state.reachable:
+                state = previous  # keep the first reason and instant of this outage
+        if changed:
+            self._report(previous, state, now)
+        return state
+
+    @property
+    def state(self) -> Reachability:
+        """The last observed reachability (no new judgement)."""
+        return self._state
+
+    def _judge(self, now: float) -> Reachability:
+        stalled = [c for c in self._calls.values() if c.control and now - c.started >= self.stall_s]
+        if stalled:
+            oldest = min(stalled, key=lambda c: c.started)
+            return Reachability(
+                False,
+                f"{oldest.what} of {oldest.thread} unanswered for "
+                f"{now - oldest.started:.1f} s (limit {self.limit_s:g} s)",
+                oldest.started,
+            )
+        if self._failed is not None and self._failed[0] > self._answered:
+            return Reachability(False, self._failed[2], self._failed[1])
+        return Reachability(True)
+
+    def _report(self, previous: Reachability, state: Reachability, now: float) -> None:
+        extra = {"node": self.node_id}
+        if not state.reachable:
+            logger.warning(
+                "database unreachable: %s; this node neither leads nor campaigns until it "
+                "answers again",
+                state.reason,
+                extra=extra,
+            )
+        else:
+            since = previous.since if previous.since is not None else now
+            logger.info("database reachable again after %.1f s", max(0.0, now - since), extra=extra)
+        if self.on_change is not None:
+            try:
+                self.on_change(state)
+            except Exception:
+                logger.exception("database reachability callback failed", extra=extra)
+
+    # --- watching a thread's calls ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def thread(self, *, control: bool) -> Iterator[None]:
+        """Watch the calls the current thread makes inside this block (nested blocks restore the
+        previous watcher on the way out). On MariaDB/MySQL a control thread's connection gets the
+        tight bounds before it is opened."""
+        previous = (getattr(_local, "health", None), getattr(_local, "control", False))
+        _local.health, _local.control = self, control
+        _instrument(connection, self.limit_s if control else None)
+        try:
+            yield
+        finally:
+            _local.health, _local.control = previous
+
+    def _began(self, what: str, control: bool) -> int:
+        with self._lock:
+            self._next_call += 1
+            key = self._next_call
+            self._calls[key] = _Call(
+                threading.current_thread().name, what, self.clock.monotonic(), control
+            )
+        return key
+
+    def _ended(self, key: int, error: BaseException | None) -> None:
+        now = self.clock.monotonic()
+        with self._lock:
+            call = self._calls.pop(key, None)
+            if call is None:
+                return
+            if error is not None and is_connection_error(error):
+                with contextlib.suppress(AttributeError):
+                    error.scheduler_seen = True  # type: ignore[attr-defined]
+                if self._failed is None or key > self._failed[0]:
+                    self._failed = (
+                        key,
+                        call.started,
+                        f"{call.what} of {call.thread} failed after {now - call.started:.1f} s: "
+                        f"{_one_line(error)}",
+                    )
+            else:
+                self._answered = max(self._answered, key)
+        # A failure makes the node unable now: say so at once, not at the next look.
+        if error is not None:
+            self.observe()
+
+    def failed(self, error: BaseException, what: str = "a call") -> None:
+        """Record a connection error seen outside a watched call (a loop's own handler); one a
+        watched call already recorded is not counted again, now."""
+        if is_connection_error(error) and not _seen(error):
+            key = self._began(what, False)
+            self._ended(key, error)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:200] or type(error).__name__
+
+
+def _watched(what: str, call: Callable[..., Any]) -> Callable[..., Any]:
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        health = getattr(_local, "health", None)
+        if health is None:
+            return call(*args, **kwargs)
+        key = health._began(what, _local.control)
+        try:
+            result = call(*args, **kwargs)
+        except BaseException as exc:
+            health._ended(key, exc)
+            raise
+        health._ended(key, None)
+        return result
+
+    return watched
+
+
+def _execute_wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any):
+    health = getattr(_local, "health", None)
+    if health is None:
+        return execute(sql, params, many, context)
+    key = health._began("a statement", _local.control)
+    try:
+        result = execute(sql, params, many, context)
+    except BaseException as exc:
+        health._ended(key, exc)
+        raise
+    health._ended(key, None)
+    return result
+
+
+# The connection methods that talk to the server outside cursor.execute().
+_ROUND_TRIPS = {
+    "connect": "connecting",
+    "_commit": "a commit",
+    "_rollback": "a rollback",
+    "_set_autocommit": "an autocommit switch",
+}
+
+
+def _instrument(conn: Any, control_limit_s: float | None) -> None:
+    """Once per connection object (one per thread): route its round trips through the watcher
+    of the thread that uses it; a control thread's connection on MySQL/MariaDB also gets its
+    bounds (client timeouts now; the server-side limits when it connects, see ``apply_limits``)."""
+    if not getattr(conn, "_scheduler_watched", False):
+        conn._scheduler_watched = True
+        for name, what in _ROUND_TRIPS.items():
+            setattr(conn, name, _watched(what, getattr(conn, name)))
+        conn.execute_wrappers.insert(0, _execute_wrapper)
+    if control_limit_s is None or conn.vendor != "mysql":
+        return
+    if getattr(conn, "_scheduler_control_limit_s", None) == control_limit_s:
+        return
+    timeout = client_timeout_s(control_limit_s)
+    options = {
+        **conn.settings_dict.get("OPTIONS", {}),
+        "connect_timeout": timeout,
+        "read_timeout": timeout,
+        "write_timeout": timeout,
+    }
+    # This thread's connection object only: the settings dict is shared by every thread's.
+    conn.settings_dict = {**conn.settings_dict, "OPTIONS": options}
+    conn._scheduler_control_limit_s = control_limit_s
+    conn.close()  # opened again with the bounds on its next use
+
+
+def apply_limits(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """``connection_created``: a control connection's server-side limits. MariaDB bounds every
+    statement (``max_statement_time``, fractional seconds); MySQL only SELECTs
+    (``max_execution_time``, ms); lock waits are bounded on both (whole seconds, at least 1)."""
+    limit = getattr(connection, "_scheduler_control_limit_s", None)
+    if limit is None or connection.vendor != "mysql":
+        return
+    lock_wait = max(1, math.ceil(limit))
+    with connection.cursor() as cursor:
+        if connection.mysql_is_mariadb:
+            cursor.execute(
+                "SET SESSION max_statement_time = %s, innodb_lock_wait_timeout = %s",
+                [float(limit), lock_wait],
+            )
+        else:
+            cursor.execute(
+                "SET SESSION max_execution_time = %s, innodb_lock_wait_timeout = %s",
+                [int(limit * 1000), lock_wait],
+            )

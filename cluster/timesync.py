@@ -1,0 +1,74 @@
+"""A node's time, from its database: the server's clock read now and then, carried between readings
+by the node's monotonic clock (:class:`cluster.clock.ReferenceClock`). A node whose machine clock
+is stepped or drifts keeps computing due runs, slots and heartbeats on the cluster's time; it logs
+one WARNING when its machine clock is more than CLOCK_WARN_S off the database's, one INFO when it
+is back, and exports the offset."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import connection
+
+from cluster import node_metrics
+from cluster.clock import ReferenceClock
+
+logger = logging.getLogger(__name__)
+
+CLOCK_SYNC_S = 5.0  # how often the database's clock is read
+CLOCK_WARN_S = 0.5  # a machine clock further off than this is worth a warning
+# A reading whose round trip took longer than this says little about when the server read its
+# clock: it is dropped (the next one is taken at the next heartbeat).
+MAX_READING_RTT_S = 0.2
+
+
+def database_time() -> float:
+    """The database server's wall time (epoch seconds). SQLite is a file on this machine: its
+    clock is the machine's."""
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT UNIX_TIMESTAMP(NOW(6))")
+            (value,) = cursor.fetchone()
+        return float(value)
+    return time.time()
+
+
+class TimeKeeper:
+    """Keeps a node's :class:`ReferenceClock` on its database's time."""
+
+    def __init__(self, node_id: str, clock: ReferenceClock) -> None:
+        self.node_id = node_id
+        self.clock = clock
+        self._last = -CLOCK_SYNC_S
+        self._off = False
+
+    def maybe_sync(self) -> bool:
+        """Read the database's clock if a reading is due (the caller's database thread). Returns
+        whether a reading was taken."""
+        if self.clock.monotonic() - self._last < CLOCK_SYNC_S:
+            return False
+        sent = self.clock.monotonic()
+        reference = database_time()
+        received = self.clock.monotonic()
+        if received - sent > MAX_READING_RTT_S:
+            return False
+        self._last = received
+        offset = self.clock.sync(reference, sent_mono=sent, received_mono=received)
+        node_metrics.clock_offset(offset)
+        off = abs(offset) > CLOCK_WARN_S
+        if off and not self._off:
+            logger.warning(
+                "node %s: this machine's clock is %+.3f s off the database's; the node keeps "
+                "the database's time",
+                self.node_id,
+                -offset,
+            )
+        elif self._off and not off:
+            logger.info(
+                "node %s: this machine's clock agrees with the database's again (%+.3f s)",
+                self.node_id,
+                -offset,
+            )
+        self._off = off
+        return True
