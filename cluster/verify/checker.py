@@ -1,16 +1,12 @@
-"""The history of a chaos run and the pure checker of DESIGN §6's guarantees.
-
-A history is plain data: every execution row (with its job's policy), the side-effect log the test
-task writes (one ``start`` line as the first thing its body does, one ``end`` line as the last), the
-leadership terms (database rows, and the "started leading (term N)" lines of each node's log), the
-faults the nemesis injected, and the windows in which an operator had paused a job. Times are Unix
-seconds (floats) throughout: the nodes, the database writers and the nemesis share one clock (one
-machine), so instants taken by different processes compare directly.
+"""The pure checker of the cluster's guarantees over a chaos run's history (cluster.verify.record).
 
 :func:`check` reads nothing but its argument and returns a :class:`Report` of violations by kind,
 each with the evidence that shows it. Runs recorded ``lost`` are *indeterminate* (the body may or
-may not have run), never violations by themselves. This module imports nothing from Django, so a
-saved history (``history_to_dict`` / ``history_from_dict``) can be checked anywhere.
+may not have run), never violations by themselves, as long as a fault on their node explains them.
+Rule families live in modules of their own (``recovery``: time to recover after each fault;
+``attempts``: lost runs' excuses, outcomes without a body, retries and early starts; ``intent``:
+what the operator asked for — pauses, deletions, triggered and enqueued runs); this
+module holds the report and the rules on slots, duplicates, overlaps and terms. No Django here.
 """
 
 from __future__ import annotations
@@ -21,9 +17,48 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from cluster.verify import attempts, intent
+from cluster.verify.attempts import (
+    EARLY_RETRY,
+    EARLY_START,
+    PHANTOM_OUTCOME,
+    TOO_MANY_ATTEMPTS,
+    UNEXCUSED_LOST,
+)
+from cluster.verify.intent import FIRED_AFTER_DELETE, FIRED_WHILE_PAUSED, REQUEST_NOT_RUN
+from cluster.verify.record import (
+    CANCELLED,
+    ENDED_BY_DECISION,
+    EXECUTED,
+    FORBID,
+    FORBID_SKIP_PREFIX,
+    LOST,
+    NOT_STARTED,
+    PENDING,
+    RETRYABLE,
+    RUNNING,
+    SCHEDULE_TRIGGER,
+    SKIPPED,
+    SUCCEEDED,
+    TIMED_OUT,
+    CheckConfig,
+    Execution,
+    History,
+    Index,
+    JobInfo,
+    PauseWindow,
+    TermClaim,
+    Violation,
+    effect_evidence,
+    row_evidence,
+    slot_key,
+    when,
+)
+from cluster.verify.recovery import SLOW_RECOVERY, leaderless, recovery
+from cluster.verify.schedule_rules import MISFIRE_POLICY, job_slots, misfires, slot_step
 
 # --- the kinds of violation --------------------------------------------------------------------------
 DUPLICATE_EXECUTION = "duplicate_execution"  # a slot executed twice (rows or side effects)
@@ -58,7 +93,17 @@ VIOLATION_KINDS = (
     TERM_HELD_TWICE,
     LEADER_GAP,
     UNJUSTIFIED_SKIP,
+    SLOW_RECOVERY,
     API_ANOMALY,
+    UNEXCUSED_LOST,
+    PHANTOM_OUTCOME,
+    TOO_MANY_ATTEMPTS,
+    EARLY_RETRY,
+    EARLY_START,
+    FIRED_WHILE_PAUSED,
+    FIRED_AFTER_DELETE,
+    REQUEST_NOT_RUN,
+    MISFIRE_POLICY,
 )
 
 # Messages (tests assert on them).
@@ -110,231 +155,11 @@ MSG_UNJUSTIFIED_SKIP = (
     "of the job was active"
 )
 
-# Execution statuses (the values of jobs.states.ExecutionStatus, repeated: no Django here).
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-TIMED_OUT = "timed_out"
-CANCELLED = "cancelled"
-LOST = "lost"
-SKIPPED = "skipped"
-PENDING = "pending"
-RUNNING = "running"
-RETRY_SCHEDULED = "retry_scheduled"
-EXECUTED = frozenset({SUCCEEDED, FAILED, TIMED_OUT})
-# Ends a run may be given without its body having run (or while it may still be running).
-ENDED_BY_DECISION = frozenset({LOST, TIMED_OUT, CANCELLED, SKIPPED})
-# Outcomes after which a further attempt of the same slot is a retry, not a duplicate.
-RETRYABLE = frozenset({FAILED, TIMED_OUT, LOST})
-NOT_STARTED = frozenset({PENDING, RETRY_SCHEDULED})
-SCHEDULE_TRIGGER = "schedule"
-FORBID = "forbid"
-# The executor's forbid skips begin with this (cluster.executor.REASON_FORBID).
-FORBID_SKIP_PREFIX = "forbid"
-
 # Fault kinds that make leadership impossible for a while (the coordination store or the database
 # is gone): a leader gap overlapping one of them is excused for its length plus the recovery time.
-LEADERSHIP_BLOCKING_FAULTS = frozenset({"redis_restart", "db_down"})
-# Faults that kill a process: a body of that pid with no end line ended there.
-KILL_FAULTS = frozenset({"sigkill_leader", "sigkill_worker"})
-FREEZE_FAULTS = frozenset({"sigstop_leader", "sigstop_worker"})
-# Faults that cut every node off the database (its presence may then expire on the database
-# backend, and a run is legitimately declared lost although its body went on).
-CUT_OFF_FAULTS = frozenset({"db_down"})
-# Faults that take a node (and its leadership, if it leads) away at their start.
-NODE_FAULTS = frozenset(
-    {
-        "sigkill_leader",
-        "sigkill_worker",
-        "sigstop_leader",
-        "sigstop_worker",
-        "sigterm_leader",
-        "sigterm_worker",
-    }
-)
-
-
-# --- the history -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    id: int
-    name: str
-    schedule_type: str
-    interval_seconds: int | None
-    start_at: float | None  # interval slots are start_at + k * interval (epoch-aligned when None)
-    concurrency_policy: str
-    timeout_seconds: int | None
-    max_retries: int
-    created_at: float
-
-
-@dataclass(frozen=True)
-class Execution:
-    id: int
-    job_id: int
-    job_name: str
-    concurrency_policy: str
-    timeout_seconds: int | None
-    max_retries: int
-    interval_seconds: int | None
-    scheduled_for: float
-    attempt: int
-    trigger: str
-    status: str
-    node: str
-    term: int | None
-    claim_token: str | None
-    created_at: float
-    claimed_at: float | None
-    started_at: float | None
-    finished_at: float | None
-    reason: str
-    # Not before this instant (a retry's backoff): when a retry's forbid decision is taken.
-    run_after: float | None = None
-
-
-@dataclass(frozen=True)
-class SideEffect:
-    """One line of the side-effect log: the body of ``execution_id`` started or ended at ``at``."""
-
-    event: str  # "start" | "end"
-    execution_id: int
-    job_id: int | None
-    scheduled_for: float | None
-    attempt: int
-    node: str
-    pid: int
-    at: float
-
-
-@dataclass(frozen=True)
-class Term:
-    term: int
-    node_id: str
-    acquired_at: float
-    ended_at: float | None
-    end_reason: str
-
-
-@dataclass(frozen=True)
-class TermClaim:
-    """A node's own log line "started leading (term N)" (its term recorded, leading from now)."""
-
-    node_id: str
-    term: int
-    at: float | None
-    source: str = ""  # the log file it came from
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    target: str  # a node id, "redis", "redlock-1", "database", a job name for operator actions
-    start: float
-    end: float
-    pid: int | None = None
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class PauseWindow:
-    job_id: int
-    start: float
-    end: float | None  # None: still paused at the end
-
-
-@dataclass(frozen=True)
-class ApiAnomaly:
-    at: float
-    action: str
-    detail: str
-
-
-@dataclass
-class History:
-    jobs: list[JobInfo]
-    executions: list[Execution]
-    side_effects: list[SideEffect]
-    terms: list[Term]
-    term_claims: list[TermClaim]
-    faults: list[Fault]
-    paused: list[PauseWindow] = field(default_factory=list)
-    api_anomalies: list[ApiAnomaly] = field(default_factory=list)
-    # Slots due in [window_start, window_end] must be accounted for; stop_at: the graceful stop began.
-    window_start: float = 0.0
-    window_end: float = 0.0
-    stop_at: float = 0.0
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-_LIST_TYPES: dict[str, type] = {
-    "jobs": JobInfo,
-    "executions": Execution,
-    "side_effects": SideEffect,
-    "terms": Term,
-    "term_claims": TermClaim,
-    "faults": Fault,
-    "paused": PauseWindow,
-    "api_anomalies": ApiAnomaly,
-}
-
-
-def history_to_dict(history: History) -> dict[str, Any]:
-    """Plain JSON-able data (``json.dump`` it to keep a run for offline checking)."""
-    return asdict(history)
-
-
-def history_from_dict(data: Mapping[str, Any]) -> History:
-    """The inverse of :func:`history_to_dict`; unknown keys of a record are ignored."""
-    values: dict[str, Any] = {}
-    for name, kind in _LIST_TYPES.items():
-        known = {f.name for f in fields(kind)}
-        values[name] = [
-            kind(**{k: v for k, v in item.items() if k in known}) for item in data.get(name, [])
-        ]
-    return History(
-        **values,
-        window_start=float(data.get("window_start", 0.0)),
-        window_end=float(data.get("window_end", 0.0)),
-        stop_at=float(data.get("stop_at", 0.0)),
-        meta=dict(data.get("meta", {})),
-    )
 
 
 # --- the report --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CheckConfig:
-    # The presence TTL of the nodes (runnode --dead-after-s).
-    dead_after_s: float = 2.0
-    # Longest acceptable time without a leader outside excused windows. The design's failover is
-    # lease + retry + jitter (about 2.3 s); on a loaded 2-core machine the fault tests allow 4.5 s.
-    leader_gap_bound_s: float = 5.0
-    # After a fault that made leadership impossible ends, this long is still excused (reconnects,
-    # the lease of the previous leader expiring).
-    recovery_s: float = 4.0
-    # A slot still waiting (pending) when the cluster stopped is deferred, not lost, unless it was
-    # due this long before the stop: a cluster that far behind has stopped running it.
-    pending_bound_s: float = 10.0
-    # Writes of an outcome may trail the instant the run overran by this much (a finisher batch).
-    running_slack_s: float = 2.0
-    # Fault kinds during which the cluster could not elect a leader (the runner adds SIGSTOP on
-    # SQLite, where a process frozen inside a write holds the database-wide lock).
-    leadership_blocking_faults: frozenset[str] = LEADERSHIP_BLOCKING_FAULTS
-    # A node decides a forbid skip shortly before the slot's instant (when it prepares the batch):
-    # a blocker that ended this little before the instant still justifies it.
-    skip_tolerance_s: float = 0.5
-    # Evidence entries printed per kind (the report keeps them all).
-    shown_per_kind: int = 8
-
-
-@dataclass(frozen=True)
-class Violation:
-    kind: str
-    message: str
-    evidence: dict[str, Any]
 
 
 @dataclass
@@ -354,6 +179,8 @@ class Report:
     not_run: dict[str, int] = field(default_factory=dict)
     # Body start - slot of the scheduled first attempts in the window: p50, p99, max (ms).
     lag_ms: dict[str, float] = field(default_factory=dict)
+    # Fault kind -> how the cluster recovered (recovery.KindRecovery as a dict).
+    recovery: dict[str, dict[str, Any]] = field(default_factory=dict)
     shown_per_kind: int = 8
 
     @property
@@ -384,6 +211,17 @@ class Report:
             + (", ".join(f"{k} {v:.0f} ms" for k, v in self.lag_ms.items()) or "no runs"),
             "faults: " + (_counts(self.faults_by_kind) or "none"),
         ]
+        if self.recovery:
+            lines.append(
+                "recovery by fault kind (longest): leader gap / takeover / job gap (bound)"
+            )
+            for kind, entry in self.recovery.items():
+                takeover = entry["longest_takeover_s"]
+                lines.append(
+                    f"  {kind:<22} x{entry['faults']:<3} {entry['longest_leader_gap_s']:6.2f} s"
+                    f" / {'-' if takeover is None else f'{takeover:.2f} s':>7}"
+                    f" / {entry['longest_job_gap_s']:6.2f} s ({entry['bound_s']:.1f} s + interval)"
+                )
         if self.not_run:
             lines.append("not run, with their reasons:")
             lines += [f"  {n:5d}  {reason}" for reason, n in sorted(self.not_run.items())]
@@ -439,82 +277,10 @@ def _fmt(value: Any) -> str:
 # --- the checker -------------------------------------------------------------------------------------
 
 
-def when(instant: float) -> str:
-    """An instant for people: UTC time of day to the millisecond (the run lasts minutes)."""
-    return datetime.fromtimestamp(instant, tz=UTC).strftime("%H:%M:%S.%f")[:-3] + "Z"
-
-
-def slot_key(instant: float) -> int:
-    """Slots compared in microseconds, what the databases store (a float of an epoch instant holds
-    them to a fraction of a microsecond). Not milliseconds: a manual run triggered 0.3 ms before a
-    whole second is a run of its own, not a second execution of that second's slot (a chaos run
-    reported one as a duplicate)."""
-    return round(instant * 1_000_000)
-
-
-def _row(execution: Execution) -> dict[str, Any]:
-    """An execution as evidence."""
-    return {
-        "id": execution.id,
-        "attempt": execution.attempt,
-        "status": execution.status,
-        "node": execution.node,
-        "term": execution.term,
-        "trigger": execution.trigger,
-        "scheduled_for": execution.scheduled_for,
-        "run_after": execution.run_after,
-        "finished_at": execution.finished_at,
-        "reason": execution.reason,
-    }
-
-
-def _effect(effect: SideEffect) -> dict[str, Any]:
-    return {"event": effect.event, "node": effect.node, "pid": effect.pid, "at": effect.at}
-
-
-class _Index:
-    """What several checks look up: rows by id and by slot, side effects by execution."""
-
-    def __init__(self, history: History) -> None:
-        self.rows = {e.id: e for e in history.executions}
-        self.by_slot: dict[tuple[int, int], list[Execution]] = defaultdict(list)
-        for e in history.executions:
-            self.by_slot[(e.job_id, slot_key(e.scheduled_for))].append(e)
-        for rows in self.by_slot.values():
-            rows.sort(key=lambda e: (e.attempt, e.id))
-        self.starts: dict[int, list[SideEffect]] = defaultdict(list)
-        self.ends: dict[int, list[SideEffect]] = defaultdict(list)
-        for effect in sorted(history.side_effects, key=lambda s: s.at):
-            (self.starts if effect.event == "start" else self.ends)[effect.execution_id].append(
-                effect
-            )
-        # When each killed pid died (a body of it with no end line ended there).
-        self.killed_at: dict[int, float] = {}
-        self.frozen_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
-        for fault in history.faults:
-            if fault.kind in KILL_FAULTS and fault.pid is not None:
-                self.killed_at.setdefault(fault.pid, fault.start)
-            if fault.kind in FREEZE_FAULTS and fault.pid is not None:
-                self.frozen_spans[fault.pid].append((fault.start, fault.end))
-        self.cut_off = [(f.start, f.end) for f in history.faults if f.kind in CUT_OFF_FAULTS]
-
-    def frozen(self, pid: int, start: float, end: float) -> bool:
-        """Whether process ``pid`` was stopped (SIGSTOP) at some point of [start, end]."""
-        return any(a <= end and b >= start for a, b in self.frozen_spans.get(pid, ()))
-
-    def interval(self, execution_id: int) -> tuple[float, float | None] | None:
-        """(start, end) of a body from its side effects; end None when it wrote no end line."""
-        starts = self.starts.get(execution_id)
-        if not starts:
-            return None
-        ends = self.ends.get(execution_id)
-        return starts[0].at, (ends[-1].at if ends else None)
-
-
 def check(history: History, config: CheckConfig | None = None) -> Report:
     """Every violation of the guarantees in ``history``, by kind, with evidence."""
     config = config or CheckConfig()
-    index = _Index(history)
+    index = Index(history)
     violations: list[Violation] = []
     violations += _duplicates(history, index)
     slots_checked, indeterminate, missing = _slots(history, index, config)
@@ -531,6 +297,16 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     gaps, max_gap = _leader_gaps(history, config)
     violations += gaps
     violations += _unjustified_skips(history, index, config)
+    recovered, slow = recovery(history, index, config)
+    violations += slow
+    violations += attempts.unexcused_lost(history, config)
+    violations += attempts.phantom_outcomes(history, index)
+    violations += attempts.attempts(history, index, config)
+    violations += attempts.early_starts(history, index, config)
+    violations += intent.fired_while_paused(history, config)
+    violations += intent.fired_after_delete(history, config)
+    violations += intent.requests_not_run(history, index, config)
+    violations += misfires(history, config)
     violations += [
         Violation(API_ANOMALY, f"{a.action}: {a.detail}", {"at": a.at})
         for a in history.api_anomalies
@@ -549,6 +325,7 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
         window_s=max(0.0, history.window_end - history.window_start),
         lag_ms=_lag(history, index),
         not_run=_not_run(history),
+        recovery={kind: asdict(entry) for kind, entry in sorted(recovered.items())},
         shown_per_kind=config.shown_per_kind,
     )
 
@@ -568,7 +345,7 @@ def _not_run(history: History) -> dict[str, int]:
     )
 
 
-def _lag(history: History, index: _Index) -> dict[str, float]:
+def _lag(history: History, index: Index) -> dict[str, float]:
     """How late bodies started after their slot (not a guarantee: a symptom worth printing)."""
     lags = sorted(
         (index.starts[e.id][0].at - e.scheduled_for) * 1000
@@ -587,7 +364,7 @@ def _lag(history: History, index: _Index) -> dict[str, float]:
     return {"p50": pct(50), "p99": pct(99), "max": lags[-1]}
 
 
-def _duplicates(history: History, index: _Index) -> list[Violation]:
+def _duplicates(history: History, index: Index) -> list[Violation]:
     """(a) A slot executed twice: one execution's body started twice; two bodies of one slot unless
     the earlier attempt ended failed/timed out/lost and the later is its retry; two successes."""
     found = []
@@ -599,7 +376,7 @@ def _duplicates(history: History, index: _Index) -> list[Violation]:
                     MSG_TWO_STARTS_ONE_EXECUTION.format(
                         execution_id=execution_id, count=len(starts)
                     ),
-                    {"starts": [_effect(s) for s in starts]},
+                    {"starts": [effect_evidence(s) for s in starts]},
                 )
             )
     started_by_slot: dict[tuple[int, int], list[Execution]] = defaultdict(list)
@@ -623,10 +400,10 @@ def _duplicates(history: History, index: _Index) -> list[Violation]:
                         status=earlier.status,
                     ),
                     {
-                        "earlier": _row(earlier),
-                        "earlier_starts": [_effect(s) for s in index.starts[earlier.id]],
-                        "later": _row(later),
-                        "later_starts": [_effect(s) for s in index.starts[later.id]],
+                        "earlier": row_evidence(earlier),
+                        "earlier_starts": [effect_evidence(s) for s in index.starts[earlier.id]],
+                        "later": row_evidence(later),
+                        "later_starts": [effect_evidence(s) for s in index.starts[later.id]],
                     },
                 )
             )
@@ -639,24 +416,16 @@ def _duplicates(history: History, index: _Index) -> list[Violation]:
                     MSG_TWO_SUCCEEDED.format(
                         job_id=job_id, slot=when(succeeded[0].scheduled_for), count=len(succeeded)
                     ),
-                    {"rows": [_row(e) for e in succeeded]},
+                    {"rows": [row_evidence(e) for e in succeeded]},
                 )
             )
     return found
 
 
 def interval_slots(job: JobInfo, start: float, end: float) -> Iterable[float]:
-    """The nominal slots of an interval job in [start, end]."""
-    if job.schedule_type != "interval" or not job.interval_seconds:
-        return
-    step = job.interval_seconds
-    anchor = job.start_at if job.start_at is not None else 0.0
-    k = math.ceil((start - anchor) / step - 1e-9)
-    slot = anchor + k * step
-    while slot <= end + 1e-9:
-        yield slot
-        k += 1
-        slot = anchor + k * step
+    """The nominal slots of a job in [start, end] (interval jobs, and the cron patterns the
+    checker follows on its own: schedule_rules.job_slots)."""
+    return job_slots(job, start, end)
 
 
 def _pause_spans(
@@ -681,9 +450,7 @@ def _pause_spans(
     return spans
 
 
-def _slots(
-    history: History, index: _Index, config: CheckConfig
-) -> tuple[int, int, list[Violation]]:
+def _slots(history: History, index: Index, config: CheckConfig) -> tuple[int, int, list[Violation]]:
     """(b) Every slot of an interval job inside the window has a row that ran or that says why not.
 
     Returns (slots checked, indeterminate slots, violations)."""
@@ -693,7 +460,7 @@ def _slots(
     checked = indeterminate = 0
     found = []
     for job in history.jobs:
-        step = float(job.interval_seconds or 0)
+        step = slot_step(job)
         # A job's slots count from its first whole interval after it was defined.
         start = max(history.window_start, job.created_at + step)
         paused = _pause_spans(history, pauses[job.id], step)
@@ -725,7 +492,7 @@ def _slots(
                             MSG_NO_REASON.format(
                                 job_id=job.id, slot=when(slot), status=unexplained[0].status
                             ),
-                            {"job": job.name, "rows": [_row(e) for e in rows]},
+                            {"job": job.name, "rows": [row_evidence(e) for e in rows]},
                         )
                     )
                 elif rows[-1].status == LOST:
@@ -742,13 +509,13 @@ def _slots(
                     MSG_NOT_RUN.format(
                         job_id=job.id, slot=when(slot), status=rows[-1].status, late_s=late
                     ),
-                    {"job": job.name, "rows": [_row(e) for e in rows]},
+                    {"job": job.name, "rows": [row_evidence(e) for e in rows]},
                 )
             )
     return checked, indeterminate, found
 
 
-def _forbid_overlaps(history: History, index: _Index) -> tuple[list[Violation], list[Violation]]:
+def _forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], list[Violation]]:
     """(c) Two bodies of one forbid job overlapping, where both intervals are known.
 
     An overlap whose earlier body was frozen (SIGSTOP) while it ran and declared lost or timed
@@ -761,9 +528,15 @@ def _forbid_overlaps(history: History, index: _Index) -> tuple[list[Violation], 
     for execution_id in index.starts:
         row = index.rows.get(execution_id)
         span = index.interval(execution_id)
-        if row is None or row.job_id not in forbid or span is None or span[1] is None:
+        if row is None or row.job_id not in forbid or span is None:
             continue
-        intervals[row.job_id].append((span[0], span[1], execution_id))
+        end = span[1]
+        if end is None:
+            # No end line: a killed body ended when its process died; any other is unknown.
+            end = index.killed_at.get(index.starts[execution_id][0].pid)
+            if end is None or end < span[0]:
+                continue
+        intervals[row.job_id].append((span[0], end, execution_id))
     found: list[Violation] = []
     notes: list[Violation] = []
     for job_id, spans in intervals.items():
@@ -773,8 +546,12 @@ def _forbid_overlaps(history: History, index: _Index) -> tuple[list[Violation], 
             if latest is not None and span[0] < latest[1]:
                 first = index.rows[latest[2]]
                 evidence = {
-                    "first": {"start": latest[0], "end": latest[1], **_row(first)},
-                    "second": {"start": span[0], "end": span[1], **_row(index.rows[span[2]])},
+                    "first": {"start": latest[0], "end": latest[1], **row_evidence(first)},
+                    "second": {
+                        "start": span[0],
+                        "end": span[1],
+                        **row_evidence(index.rows[span[2]]),
+                    },
                     "overlap_s": min(latest[1], span[1]) - span[0],
                 }
                 pid = index.starts[first.id][0].pid
@@ -801,7 +578,7 @@ def _forbid_overlaps(history: History, index: _Index) -> tuple[list[Violation], 
     return found, notes
 
 
-def _lost_while_running(history: History, index: _Index) -> list[Violation]:
+def _lost_while_running(history: History, index: Index) -> list[Violation]:
     """A run declared lost whose body ran on, and ended normally, on a node that was neither
     killed, frozen nor cut off from the database: the node was alive, only its presence looked
     expired (a note: lost runs are indeterminate, but with retries this one runs twice)."""
@@ -814,7 +591,7 @@ def _lost_while_running(history: History, index: _Index) -> list[Violation]:
         pid = index.starts[row.id][0].pid
         if end <= row.finished_at or index.frozen(pid, start, end):
             continue
-        if any(a <= row.finished_at and b >= start for a, b in index.cut_off):
+        if index.was_cut_off(row.node, start, row.finished_at):
             continue
         found.append(
             Violation(
@@ -822,13 +599,13 @@ def _lost_while_running(history: History, index: _Index) -> list[Violation]:
                 MSG_LOST_WHILE_RUNNING.format(
                     execution_id=row.id, at=when(row.finished_at), node=row.node
                 ),
-                {"row": _row(row), "body_start": start, "body_end": end},
+                {"row": row_evidence(row), "body_start": start, "body_end": end},
             )
         )
     return found
 
 
-def _starts_after_end(history: History, index: _Index) -> list[Violation]:
+def _starts_after_end(history: History, index: Index) -> list[Violation]:
     """(d) A body started after its run was declared lost/timed out/cancelled/skipped, or a body
     started for a run the database says never started."""
     found = []
@@ -861,7 +638,11 @@ def _starts_after_end(history: History, index: _Index) -> list[Violation]:
                             late_s=late[0].at - row.finished_at,
                             status=row.status,
                         ),
-                        {"row": _row(row), "start": _effect(late[0]), "frozen": freezes},
+                        {
+                            "row": row_evidence(row),
+                            "start": effect_evidence(late[0]),
+                            "frozen": freezes,
+                        },
                     )
                 )
         elif row.status in NOT_STARTED:
@@ -869,7 +650,7 @@ def _starts_after_end(history: History, index: _Index) -> list[Violation]:
                 Violation(
                     START_AFTER_LOST,
                     MSG_START_NOT_RECORDED.format(execution_id=execution_id, status=row.status),
-                    {"row": _row(row), "start": _effect(first)},
+                    {"row": row_evidence(row), "start": effect_evidence(first)},
                 )
             )
     return found
@@ -898,7 +679,7 @@ def _stuck(history: History, config: CheckConfig) -> list[Violation]:
                 Violation(
                     STUCK_RUNNING,
                     MSG_LEFT_RUNNING.format(execution_id=row.id, status=row.status),
-                    {"row": _row(row), "started_at": row.started_at},
+                    {"row": row_evidence(row), "started_at": row.started_at},
                 )
             )
         elif row.status == PENDING and row.claim_token:
@@ -906,7 +687,7 @@ def _stuck(history: History, config: CheckConfig) -> list[Violation]:
                 Violation(
                     STUCK_RUNNING,
                     MSG_LEFT_CLAIMED.format(execution_id=row.id, node=row.node or "?"),
-                    {"row": _row(row), "claimed_at": row.claimed_at},
+                    {"row": row_evidence(row), "claimed_at": row.claimed_at},
                 )
             )
         elif (
@@ -927,7 +708,7 @@ def _stuck(history: History, config: CheckConfig) -> list[Violation]:
                             duration_s=duration,
                             timeout_s=row.timeout_seconds,
                         ),
-                        {"row": _row(row), "started_at": row.started_at},
+                        {"row": row_evidence(row), "started_at": row.started_at},
                     )
                 )
     return found
@@ -959,7 +740,11 @@ def _stale_writes(history: History) -> list[Violation]:
                         late_s=row.created_at - acquired,
                         newer=newer,
                     ),
-                    {"row": _row(row), "created_at": row.created_at, "newer_acquired_at": acquired},
+                    {
+                        "row": row_evidence(row),
+                        "created_at": row.created_at,
+                        "newer_acquired_at": acquired,
+                    },
                 )
             )
     return found
@@ -995,68 +780,37 @@ def _terms_held_twice(history: History) -> list[Violation]:
     return found
 
 
-def _effective_end(term: Term, history: History) -> float | None:
-    """When a term really ended: its row's end, or earlier the instant its node was killed,
-    frozen or stopped (the successor closes a dead leader's row only when it takes over)."""
-    end = term.ended_at
-    for fault in history.faults:
-        if (
-            fault.kind in NODE_FAULTS
-            and fault.target == term.node_id
-            and fault.start >= term.acquired_at
-            and (end is None or fault.start < end)
-        ):
-            end = fault.start
-    return end
-
-
 def _leader_gaps(history: History, config: CheckConfig) -> tuple[list[Violation], float]:
     """(h) Time without a leader beyond the bound, outside windows a fault made leaderless."""
     blocked = _blocking_windows(history, config)
-    terms = sorted(history.terms, key=lambda t: t.term)
+    terms = {t.term: t for t in history.terms}
     found = []
     longest = 0.0
-    for before, after in itertools.pairwise(terms):
-        end = _effective_end(before, history)
-        if end is None or after.acquired_at <= end:
+    for stretch in leaderless(history):
+        if stretch.start < history.window_start:
             continue
-        if end < history.window_start:
-            continue
-        gap = after.acquired_at - end
-        counted = gap - _overlaps(end, after.acquired_at, blocked)
+        gap = stretch.end - stretch.start
+        counted = gap - _overlaps(stretch.start, stretch.end, blocked)
         longest = max(longest, counted)
-        if counted > config.leader_gap_bound_s:
-            found.append(
-                Violation(
-                    LEADER_GAP,
-                    MSG_LEADER_GAP.format(gap_s=gap, before=before.term, after=after.term),
-                    {
-                        "before": asdict(before),
-                        "effective_end": end,
-                        "after": asdict(after),
-                        "excused_s": gap - counted,
-                    },
-                )
-            )
-    if terms and history.stop_at:
-        last = terms[-1]
-        end = _effective_end(last, history)
-        if end is not None and history.window_start <= end < history.stop_at:
-            gap = history.stop_at - end
-            counted = gap - _overlaps(end, history.stop_at, blocked)
-            longest = max(longest, counted)
-            if counted > config.leader_gap_bound_s:
-                found.append(
-                    Violation(
-                        LEADER_GAP,
-                        MSG_LEADER_GONE.format(gap_s=gap, before=last.term),
-                        {"before": asdict(last), "effective_end": end, "stop_at": history.stop_at},
-                    )
-                )
+        if counted <= config.leader_gap_bound_s:
+            continue
+        before = asdict(terms[stretch.before])
+        if stretch.after is None:
+            message = MSG_LEADER_GONE.format(gap_s=gap, before=stretch.before)
+            evidence = {"before": before, "effective_end": stretch.start, "stop_at": stretch.end}
+        else:
+            message = MSG_LEADER_GAP.format(gap_s=gap, before=stretch.before, after=stretch.after)
+            evidence = {
+                "before": before,
+                "effective_end": stretch.start,
+                "after": asdict(terms[stretch.after]),
+                "excused_s": gap - counted,
+            }
+        found.append(Violation(LEADER_GAP, message, evidence))
     return found, longest
 
 
-def _unjustified_skips(history: History, index: _Index, config: CheckConfig) -> list[Violation]:
+def _unjustified_skips(history: History, index: Index, config: CheckConfig) -> list[Violation]:
     """A forbid skip is taken on the truth: some other run of the job must really have been active
     at the skipped slot's instant — its body started before and had not ended (or it wrote no end
     line and its process had not been killed by then). A run marked running by a node that died
@@ -1089,13 +843,13 @@ def _unjustified_skips(history: History, index: _Index, config: CheckConfig) -> 
                     reason=row.reason,
                     at=when(decided_by),
                 ),
-                {"row": _row(row), "job": row.job_name},
+                {"row": row_evidence(row), "job": row.job_name},
             )
         )
     return found
 
 
-def _active_at(index: _Index, execution_id: int, since: float, until: float) -> bool:
+def _active_at(index: Index, execution_id: int, since: float, until: float) -> bool:
     """Whether a body was running at some point of [since, until]."""
     span = index.interval(execution_id)
     if span is None or span[0] > until:

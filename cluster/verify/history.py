@@ -15,13 +15,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cluster.verify.checker import (
+from cluster.verify.record import (
     ApiAnomaly,
+    Deletion,
     Execution,
     Fault,
     History,
     JobInfo,
     PauseWindow,
+    Requested,
     SideEffect,
     Term,
     TermClaim,
@@ -134,6 +136,8 @@ def collect_history(
     window_end: float,
     stop_at: float,
     api_anomalies: Sequence[ApiAnomaly] = (),
+    requested: Sequence[Requested] = (),
+    deleted: Sequence[Deletion] = (),
     meta: Mapping[str, Any] | None = None,
 ) -> History:
     """Read the whole history of a run from its database (the default connection) and files."""
@@ -152,6 +156,15 @@ def collect_history(
             timeout_seconds=job.timeout_seconds,
             max_retries=job.max_retries,
             created_at=job.created_at.timestamp(),
+            retry_backoff_base=job.retry_backoff_base,
+            retry_backoff_factor=job.retry_backoff_factor,
+            retry_backoff_max=job.retry_backoff_max,
+            retry_jitter=job.retry_jitter,
+            misfire_policy=job.misfire_policy,
+            misfire_grace_seconds=job.misfire_grace_seconds,
+            run_all_max=job.run_all_max,
+            cron=job.cron_expression or "",
+            timezone=str(job.timezone or "UTC"),
         )
         for job in jobs.values()
     ]
@@ -205,6 +218,8 @@ def collect_history(
         faults=list(faults),
         paused=pause_windows(audit),
         api_anomalies=list(api_anomalies),
+        requested=list(requested),
+        deleted=list(deleted),
         window_start=window_start,
         window_end=window_end,
         stop_at=stop_at,

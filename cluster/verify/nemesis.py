@@ -1,70 +1,79 @@
-"""The nemesis of a chaos run: the processes it controls, the faults it injects, the operator.
+"""The nemesis of a chaos run: the faults it deals and how it injects them.
 
-Everything here runs on loopback and is started and stopped by PID:
+Everything runs on loopback and is started and stopped by PID. The faults, in the forms a
+production network and its operators produce them:
 
-- :class:`RedisServer`   (from ``cluster.verify.redis_server``) a private ``redis-server`` without
-                         persistence: a restart loses its data;
-- :class:`TcpProxy`      a small TCP forwarder between the nodes and MariaDB that the nemesis can
-                         cut (every connection closed, new ones refused) to make the database
-                         unreachable for a few seconds;
-- :class:`LocalCluster`  the ``runnode`` processes (restarted under the same node id, one log file
-                         per incarnation);
-- :class:`FaultDeck`     the seeded choice of the next fault (kind, instant relative to a whole
-                         second, duration, pause): every kind comes once per round, in a seeded order;
-- :class:`Nemesis`       applies the faults, keeps 2-3 nodes running by restarting the ones it took
-                         down, and logs every fault as a :class:`cluster.verify.checker.Fault`;
-- :class:`Operator`      concurrent operator actions through the REST API (trigger, pause/resume,
-                         edits, two edits racing on one version) with DRF's APIClient.
+- node faults: SIGKILL, SIGSTOP (longer than the lease), SIGTERM of the leader or of a worker;
+- partitions of one node from one service, with hang semantics (bytes held, not connections
+  reset): from the database, from Redis (the coordination server and every Redlock master), from
+  both; one-way (requests delivered, answers held); slow links (latency added on one node's path);
+- services: the database cut off from every node at once with resets, the private MariaDB killed
+  and restarted, the coordination Redis restarted empty or frozen (SIGSTOP), a Redlock master down;
+- a node's wall clock stepped forward or back by several seconds, then back in step;
+- faults that overlap: two nodes killed at once, the new leader killed as soon as it takes over,
+  the whole cluster stopped and started again.
+
+:class:`FaultDeck` deals them seeded (every kind once per round, in a seeded order, each at an
+offset from a whole second: the 1 s jobs' slot instants, or between them); :class:`Nemesis` applies
+them to the processes (:mod:`cluster.verify.processes`), the links (:mod:`cluster.verify.links`)
+and the servers, keeps every node not faulted running, and logs every fault as a
+:class:`cluster.verify.checker.Fault`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import random
-import selectors
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from cluster.verify.checker import ApiAnomaly, Fault
-from cluster.verify.redis_server import RedisServer, terminate
+from cluster.verify.faults import (
+    CLOCK_JUMP,
+    CLUSTER_RESTART,
+    DB_DOWN,
+    KILL_IN_RECOVERY,
+    MARIADB_RESTART,
+    NODE_FAULT_KINDS,
+    ONEWAY_DB_LEADER,
+    ONEWAY_REDIS_LEADER,
+    PARTITION_BOTH_LEADER,
+    PARTITION_BOTH_WORKER,
+    PARTITION_DB_LEADER,
+    PARTITION_DB_WORKER,
+    PARTITION_REDIS_LEADER,
+    PARTITION_REDIS_WORKER,
+    REDIS_FREEZE,
+    REDIS_RESTART,
+    REDLOCK_MASTER_DOWN,
+    SIGSTOP_LEADER,
+    SIGSTOP_WORKER,
+    SLOW_DB_LEADER,
+    SLOW_REDIS_LEADER,
+    TWO_DOWN,
+)
+from cluster.verify.links import LinkSet, Mode
+from cluster.verify.mariadb_server import MariaDBServer
+from cluster.verify.processes import LocalCluster, NodeProcess
+from cluster.verify.record import Fault
+from cluster.verify.redis_server import RedisServer
 
 logger = logging.getLogger(__name__)
 
-# --- fault kinds ------------------------------------------------------------------------------------
-SIGKILL_LEADER = "sigkill_leader"
-SIGKILL_WORKER = "sigkill_worker"
-SIGSTOP_LEADER = "sigstop_leader"
-SIGSTOP_WORKER = "sigstop_worker"
-SIGTERM_LEADER = "sigterm_leader"
-SIGTERM_WORKER = "sigterm_worker"
-REDIS_RESTART = "redis_restart"  # the coordination Redis restarted empty
-REDLOCK_MASTER_DOWN = "redlock_master_down"  # one of the three Redlock masters killed a while
-DB_DOWN = "db_down"  # the database unreachable from the nodes (MariaDB, through the proxy)
-API_TRIGGER = "api_trigger"
-API_PAUSE_RESUME = "api_pause_resume"
-API_EDIT = "api_edit"
-API_CONCURRENT_EDIT = "api_concurrent_edit"
-
-NODE_FAULT_KINDS = (
-    SIGKILL_LEADER,
-    SIGKILL_WORKER,
-    SIGSTOP_LEADER,
-    SIGSTOP_WORKER,
-    SIGTERM_LEADER,
-    SIGTERM_WORKER,
-)
-REDIS_FAULT_KINDS = (REDIS_RESTART, REDLOCK_MASTER_DOWN)
-OPERATOR_KINDS = (API_TRIGGER, API_PAUSE_RESUME, API_EDIT, API_CONCURRENT_EDIT)
+# One link fault: (services, mode) of the target node's links.
+LINK_FAULTS: dict[str, tuple[tuple[str, ...], Mode]] = {
+    PARTITION_DB_LEADER: (("database",), Mode.HANG),
+    PARTITION_DB_WORKER: (("database",), Mode.HANG),
+    PARTITION_REDIS_LEADER: (("redis",), Mode.HANG),
+    PARTITION_REDIS_WORKER: (("redis",), Mode.HANG),
+    PARTITION_BOTH_LEADER: (("database", "redis"), Mode.HANG),
+    PARTITION_BOTH_WORKER: (("database", "redis"), Mode.HANG),
+    ONEWAY_DB_LEADER: (("database",), Mode.ONE_WAY),
+    ONEWAY_REDIS_LEADER: (("redis",), Mode.ONE_WAY),
+    SLOW_DB_LEADER: (("database",), Mode.SLOW),
+    SLOW_REDIS_LEADER: (("redis",), Mode.SLOW),
+}
 
 # When a fault lands, relative to a whole second (the 1 s jobs' slot instants): just before (the
 # next runs are marked running ahead of their instant, not started), at, just after (bodies in
@@ -72,227 +81,26 @@ OPERATOR_KINDS = (API_TRIGGER, API_PAUSE_RESUME, API_EDIT, API_CONCURRENT_EDIT)
 SLOT_OFFSETS_S = (-0.3, -0.1, -0.02, 0.0, 0.01, 0.05, 0.25, 0.5)
 SIGSTOP_S = (3.0, 6.0)  # longer than the lease (2 s) and the presence TTL (2 s)
 REDIS_DOWN_S = (0.5, 2.5)
+REDIS_FREEZE_S = (1.0, 4.0)
 REDLOCK_DOWN_S = (3.0, 8.0)
 DB_DOWN_S = (2.0, 5.0)
+MARIADB_DOWN_S = (0.5, 4.0)
+PARTITION_S = (2.0, 12.0)
+# One partition in LONG_PARTITION_SHARE lasts LONG_PARTITION_S instead.
+LONG_PARTITION_S = 30.0
+LONG_PARTITION_SHARE = 0.2
+SLOW_S = (4.0, 12.0)
+SLOW_LATENCY_S = (0.05, 0.8)  # added to every chunk, each way
+CLOCK_JUMP_S = (3.0, 8.0)  # the step, forward or back
+CLOCK_OFF_S = (5.0, 20.0)  # how long the clock stays off before it is stepped back
+CLUSTER_DOWN_S = (3.0, 10.0)
 RESTART_AFTER_S = (2.5, 5.0)  # a killed or stopped node comes back after this long
+# kill_in_recovery: how long to wait for the successor to take over before giving up on it.
+SUCCESSOR_WAIT_S = 10.0
 DRAIN_LIMIT_S = 20.0  # a SIGTERMed node still running this long after its restart was due
 PAUSE_BETWEEN_S = (1.5, 4.0)
-OPERATOR_EVERY_S = (0.7, 2.5)
-PAUSED_FOR_S = (1.5, 4.0)
 
 SIGNALS = {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP, "sigterm": signal.SIGTERM}
-
-
-# --- Redis ------------------------------------------------------------------------------------------
-
-
-# --- the database proxy ----------------------------------------------------------------------------
-
-
-class TcpProxy:
-    """Forward 127.0.0.1:<port> to ``target``; ``cut()`` drops every connection and refuses new
-    ones (accepted and closed at once) until ``restore()``. One selector thread; sockets are
-    blocking with a send timeout, so a peer that stops reading (a frozen node) costs its own pair,
-    not the others."""
-
-    SEND_TIMEOUT_S = 5.0
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(128)
-        self.port: int = self._listener.getsockname()[1]
-        self._selector = selectors.DefaultSelector()
-        self._peers: dict[socket.socket, socket.socket] = {}
-        self._cut = threading.Event()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="db-proxy", daemon=True)
-
-    def start(self) -> None:
-        self._selector.register(self._listener, selectors.EVENT_READ)
-        self._thread.start()
-
-    def cut(self) -> None:
-        self._cut.set()
-        with self._lock:
-            for sock in list(self._peers):
-                self._close_pair(sock)
-
-    def restore(self) -> None:
-        self._cut.clear()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        with self._lock:
-            for sock in list(self._peers):
-                self._close_pair(sock)
-        with contextlib.suppress(Exception):
-            self._selector.unregister(self._listener)
-        self._listener.close()
-        self._selector.close()
-
-    def _close_pair(self, sock: socket.socket) -> None:
-        peer = self._peers.pop(sock, None)
-        for one in (sock, peer):
-            if one is None:
-                continue
-            self._peers.pop(one, None)
-            with contextlib.suppress(Exception):
-                self._selector.unregister(one)
-            with contextlib.suppress(OSError):
-                one.close()
-
-    def _accept(self) -> None:
-        client, _ = self._listener.accept()
-        if self._cut.is_set():
-            client.close()
-            return
-        try:
-            upstream = socket.create_connection(self.target, timeout=2.0)
-        except OSError:
-            client.close()
-            return
-        for sock in (client, upstream):
-            sock.settimeout(self.SEND_TIMEOUT_S)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self._lock:
-            self._peers[client] = upstream
-            self._peers[upstream] = client
-            self._selector.register(client, selectors.EVENT_READ)
-            self._selector.register(upstream, selectors.EVENT_READ)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                events = self._selector.select(timeout=0.2)
-            except OSError:
-                continue
-            for key, _ in events:
-                sock = key.fileobj
-                if sock is self._listener:
-                    with contextlib.suppress(OSError):
-                        self._accept()
-                    continue
-                with self._lock:
-                    peer = self._peers.get(sock)  # type: ignore[arg-type]
-                    if peer is None:
-                        continue
-                    try:
-                        data = sock.recv(65536)  # type: ignore[union-attr]
-                        if not data:
-                            raise ConnectionResetError
-                        peer.sendall(data)
-                    except OSError:
-                        self._close_pair(sock)  # type: ignore[arg-type]
-
-
-# --- the nodes ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class NodeProcess:
-    node_id: str
-    incarnation: int
-    process: subprocess.Popen
-    log_path: Path
-    log_file: Any
-    frozen: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-
-class LocalCluster:
-    """``runnode`` processes sharing one environment. A node id keeps its name across restarts
-    (as a host would); each incarnation writes its own log."""
-
-    def __init__(self, *, root: Path, run_dir: Path, env: dict[str, str], args: Sequence[str]):
-        self.root = root
-        self.run_dir = run_dir
-        self.env = env
-        self.args = list(args)
-        self.nodes: dict[str, NodeProcess] = {}
-        self.logs: dict[str, list[Path]] = {}
-        self._incarnations: dict[str, int] = {}
-        self._retired: list[NodeProcess] = []
-
-    def start(self, node_id: str) -> NodeProcess:
-        incarnation = self._incarnations.get(node_id, -1) + 1
-        self._incarnations[node_id] = incarnation
-        log_path = self.run_dir / f"{node_id}.{incarnation}.log"
-        log_file = open(log_path, "wb")  # closed in stop_all() / kill_all() / _retire()
-        env = {**self.env, "SCHEDULER_NODE_ID": node_id}
-        process = subprocess.Popen(
-            [sys.executable, "manage.py", "runnode", "--node-id", node_id, *self.args],
-            cwd=self.root,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-        previous = self.nodes.get(node_id)
-        if previous is not None:
-            self._retire(previous)
-        node = NodeProcess(node_id, incarnation, process, log_path, log_file)
-        self.nodes[node_id] = node
-        self.logs.setdefault(node_id, []).append(log_path)
-        return node
-
-    def _retire(self, node: NodeProcess) -> None:
-        if node.alive():
-            terminate(node.process)
-        node.log_file.close()
-        self._retired.append(node)
-
-    def live(self) -> list[NodeProcess]:
-        """Running and not frozen."""
-        return [n for n in self.nodes.values() if n.alive() and not n.frozen]
-
-    def signal(self, node: NodeProcess, signum: int) -> None:
-        if node.alive():
-            os.kill(node.pid, signum)
-            if signum == signal.SIGSTOP:
-                node.frozen = True
-            elif signum == signal.SIGCONT:
-                node.frozen = False
-
-    def stop_all(self, timeout: float) -> list[str]:
-        """Graceful: SIGCONT and SIGTERM to every node at once, wait, SIGKILL what is left.
-        Returns the node ids that had to be killed."""
-        for node in self.nodes.values():
-            if node.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(node.pid, signal.SIGCONT)
-                    node.frozen = False
-                    os.kill(node.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        killed = []
-        for node in self.nodes.values():
-            try:
-                node.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                killed.append(node.node_id)
-                node.process.kill()
-                node.process.wait(timeout=5)
-        for node in [*self.nodes.values(), *self._retired]:
-            with contextlib.suppress(Exception):
-                node.log_file.close()
-        return killed
-
-    def kill_all(self) -> None:
-        """Last resort (an exception, Ctrl-C): every process we started, by PID."""
-        for node in [*self.nodes.values(), *self._retired]:
-            if node.alive():
-                terminate(node.process, timeout=5)
-            with contextlib.suppress(Exception):
-                node.log_file.close()
 
 
 # --- choosing faults ---------------------------------------------------------------------------------
@@ -302,22 +110,42 @@ class LocalCluster:
 class FaultSpec:
     kind: str
     offset_s: float  # relative to the whole second it lands on
-    duration_s: float  # SIGSTOP / outage length; 0 for instantaneous faults
+    duration_s: float  # how long the fault lasts; 0 for instantaneous faults
     restart_after_s: float  # a node taken down comes back after this long
     pause_after_s: float  # quiet time before the next fault
     pick: float  # in [0, 1): which node/master, among the candidates at the time
+    magnitude: float = 0.0  # a slow link's latency, a clock step (seconds, signed)
+
+
+DURATIONS: dict[str, tuple[float, float]] = {
+    SIGSTOP_LEADER: SIGSTOP_S,
+    SIGSTOP_WORKER: SIGSTOP_S,
+    REDIS_RESTART: REDIS_DOWN_S,
+    REDIS_FREEZE: REDIS_FREEZE_S,
+    REDLOCK_MASTER_DOWN: REDLOCK_DOWN_S,
+    DB_DOWN: DB_DOWN_S,
+    MARIADB_RESTART: MARIADB_DOWN_S,
+    CLOCK_JUMP: CLOCK_OFF_S,
+    CLUSTER_RESTART: CLUSTER_DOWN_S,
+    SLOW_DB_LEADER: SLOW_S,
+    SLOW_REDIS_LEADER: SLOW_S,
+    **{kind: PARTITION_S for kind in LINK_FAULTS if LINK_FAULTS[kind][1] != Mode.SLOW},
+}
 
 
 class FaultDeck:
     """The seeded sequence of faults: each round deals every kind once, in a seeded order, so a
-    short run still sees many kinds; the numbers of each fault come from the same generator."""
+    short run still sees many kinds; the numbers of each fault come from the same generator.
+    ``durations`` fixes the length of every fault that has one (a scenario's partition table)."""
 
-    def __init__(self, seed: int, kinds: Sequence[str]) -> None:
+    def __init__(self, seed: int, kinds: Sequence[str], *, durations: Sequence[float] = ()) -> None:
         if not kinds:
             raise ValueError("a fault deck needs at least one kind")
         self.rng = random.Random(seed)
         self.kinds = list(kinds)
+        self.durations = list(durations)
         self._round: list[str] = []
+        self._dealt = 0
 
     def next(self) -> FaultSpec:
         if not self._round:
@@ -325,20 +153,27 @@ class FaultDeck:
             self.rng.shuffle(self._round)
         kind = self._round.pop()
         rng = self.rng
-        duration = {
-            SIGSTOP_LEADER: SIGSTOP_S,
-            SIGSTOP_WORKER: SIGSTOP_S,
-            REDIS_RESTART: REDIS_DOWN_S,
-            REDLOCK_MASTER_DOWN: REDLOCK_DOWN_S,
-            DB_DOWN: DB_DOWN_S,
-        }.get(kind, (0.0, 0.0))
+        low, high = DURATIONS.get(kind, (0.0, 0.0))
+        duration = round(rng.uniform(low, high), 2)
+        if kind in LINK_FAULTS and LINK_FAULTS[kind][1] == Mode.HANG:
+            if rng.random() < LONG_PARTITION_SHARE:
+                duration = LONG_PARTITION_S
+        if self.durations and high > 0:
+            duration = self.durations[self._dealt % len(self.durations)]
+        self._dealt += 1
+        magnitude = 0.0
+        if kind in (SLOW_DB_LEADER, SLOW_REDIS_LEADER):
+            magnitude = round(rng.uniform(*SLOW_LATENCY_S), 3)
+        elif kind == CLOCK_JUMP:
+            magnitude = round(rng.uniform(*CLOCK_JUMP_S), 2) * rng.choice((-1, 1))
         return FaultSpec(
             kind=kind,
             offset_s=rng.choice(SLOT_OFFSETS_S),
-            duration_s=round(rng.uniform(*duration), 2),
+            duration_s=duration,
             restart_after_s=round(rng.uniform(*RESTART_AFTER_S), 2),
             pause_after_s=round(rng.uniform(*PAUSE_BETWEEN_S), 2),
             pick=rng.random(),
+            magnitude=magnitude,
         )
 
     def take(self, count: int) -> Iterator[FaultSpec]:
@@ -358,9 +193,10 @@ def next_instant(offset_s: float, *, now: float, lead_s: float = 0.5) -> float:
 
 
 class Nemesis:
-    """Applies a :class:`FaultDeck` to a :class:`LocalCluster` (and its Redis servers and database
-    proxy), one fault at a time, keeping every node not faulted running. Faults it cannot apply in
-    a configuration (Redis faults on the database backend, the proxy on SQLite) are not dealt."""
+    """Applies a :class:`FaultDeck` to a :class:`LocalCluster`, its links and its servers, one
+    fault at a time, keeping every node not faulted running. The runner deals only the kinds its
+    configuration can take (no Redis faults on the database backend, no database links on
+    SQLite, no restarts of a database server the run does not own)."""
 
     def __init__(
         self,
@@ -368,21 +204,26 @@ class Nemesis:
         cluster: LocalCluster,
         deck: FaultDeck,
         leader: Callable[[], str | None],
+        newest_term: Callable[[], tuple[int, str] | None],
         say: Callable[[str], None],
+        links: Mapping[str, LinkSet] | None = None,
         coordination_redis: RedisServer | None = None,
         redlock_masters: Sequence[RedisServer] = (),
-        proxy: TcpProxy | None = None,
+        mariadb: MariaDBServer | None = None,
     ) -> None:
         self.cluster = cluster
         self.deck = deck
         self.leader = leader
+        self.newest_term = newest_term
         self.say = say
+        self.links = dict(links or {})
         self.redis = coordination_redis
         self.redlock = list(redlock_masters)
-        self.proxy = proxy
+        self.mariadb = mariadb
         self.faults: list[Fault] = []
         self.incidents: list[str] = []  # nodes that crashed or would not stop
         self._restarts: dict[str, float] = {}  # node id -> when to start it again
+        self._held: set[str] = set()  # node ids kept down until released (cluster_restart)
         self._started = time.time()
 
     # -- time ---
@@ -400,7 +241,7 @@ class Nemesis:
         an incident worth reporting; it is restarted at once so the cluster keeps its size)."""
         now = time.time()
         for node_id, node in self.cluster.nodes.items():
-            if node_id not in self._restarts and not node.alive():
+            if node_id not in self._restarts and node_id not in self._held and not node.alive():
                 self._incident(
                     f"{node_id} (pid {node.pid}) exited on its own with status "
                     f"{node.process.returncode}; see {node.log_path.name}"
@@ -429,26 +270,44 @@ class Nemesis:
         self.say(f"INCIDENT: {message}")
 
     def all_up(self) -> bool:
-        return not self._restarts and len(self.cluster.live()) == len(self.cluster.nodes)
+        return (
+            not self._restarts
+            and not self._held
+            and len(self.cluster.live()) == len(self.cluster.nodes)
+        )
 
     def settle(self, deadline: float) -> None:
         """Wait until every node is back (or ``deadline``)."""
         while not self.all_up() and time.time() < deadline:
             self._sleep_until(time.time() + 0.1)
 
-    def _log(self, spec: FaultSpec, target: str, start: float, pid: int | None = None) -> None:
+    def _log(
+        self,
+        spec: FaultSpec,
+        target: str,
+        start: float,
+        pid: int | None = None,
+        *,
+        kind: str | None = None,
+        end: float | None = None,
+    ) -> None:
+        detail = f"offset {spec.offset_s:+.2f} s"
+        if spec.duration_s:
+            detail += f", {spec.duration_s:.2f} s"
+        if spec.magnitude:
+            detail += f", {'latency' if 'slow' in spec.kind else 'step'} {spec.magnitude:+.3f} s"
         fault = Fault(
-            kind=spec.kind,
+            kind=kind or spec.kind,
             target=target,
             start=start,
-            end=time.time(),
+            end=end if end is not None else time.time(),
             pid=pid,
-            detail=f"offset {spec.offset_s:+.2f} s"
-            + (f", {spec.duration_s:.2f} s" if spec.duration_s else ""),
+            detail=detail,
+            magnitude=spec.magnitude,
         )
         self.faults.append(fault)
         self.say(
-            f"+{start - self._started:6.1f}s {fault.kind:<20} {target:<10} "
+            f"+{start - self._started:6.1f}s {fault.kind:<22} {target:<10} "
             f"{'pid ' + str(pid) if pid else '':<10} {fault.detail}"
         )
 
@@ -470,45 +329,78 @@ class Nemesis:
         kind = spec.kind
         if kind in NODE_FAULT_KINDS:
             self._node_fault(spec)
+        elif kind in LINK_FAULTS:
+            self._link_fault(spec)
+        elif kind == DB_DOWN and self.links:
+            self._outage(spec, "database", lambda: self._set_all("database", Mode.RESET))
+        elif kind == MARIADB_RESTART and self.mariadb is not None:
+            mariadb = self.mariadb
+            self._outage(spec, "mariadb", lambda: mariadb.stop(kill=True), mariadb.start)
         elif kind == REDIS_RESTART and self.redis is not None:
-            start = time.time()
-            self.redis.stop(kill=True)
-            self._sleep_until(start + spec.duration_s)
-            self.redis.start()
-            self._log(spec, "redis", start)
+            redis = self.redis
+            self._outage(spec, "redis", lambda: redis.stop(kill=True), redis.start)
+        elif kind == REDIS_FREEZE and self.redis is not None:
+            redis = self.redis
+            self._outage(
+                spec,
+                "redis",
+                lambda: redis.signal(signal.SIGSTOP),
+                lambda: redis.signal(signal.SIGCONT),
+            )
         elif kind == REDLOCK_MASTER_DOWN and self.redlock:
             master = self.redlock[int(spec.pick * len(self.redlock))]
-            start = time.time()
-            master.stop(kill=True)
-            self._sleep_until(start + spec.duration_s)
-            master.start()
-            self._log(spec, master.name, start)
-        elif kind == DB_DOWN and self.proxy is not None:
-            start = time.time()
-            self.proxy.cut()
-            self._sleep_until(start + spec.duration_s)
-            self.proxy.restore()
-            self._log(spec, "database", start)
+            self._outage(spec, master.name, lambda: master.stop(kill=True), master.start)
+        elif kind == CLOCK_JUMP:
+            self._clock_jump(spec)
+        elif kind == TWO_DOWN:
+            self._two_down(spec)
+        elif kind == KILL_IN_RECOVERY:
+            self._kill_in_recovery(spec)
+        elif kind == CLUSTER_RESTART:
+            self._cluster_restart(spec)
 
-    def _node_fault(self, spec: FaultSpec) -> None:
+    def _outage(
+        self,
+        spec: FaultSpec,
+        target: str,
+        begin: Callable[[], None],
+        end: Callable[[], None] | None = None,
+    ) -> None:
+        start = time.time()
+        begin()
+        self._sleep_until(start + spec.duration_s)
+        if end is not None:
+            end()
+        else:
+            for links in self.links.values():
+                links.heal()
+        self._log(spec, target, start)
+
+    def _set_all(self, service: str, mode: Mode) -> None:
+        for links in self.links.values():
+            links.set([service], mode)
+
+    # -- picking a node ---
+    def _pick(self, role: str, pick: float) -> tuple[NodeProcess | None, str]:
+        """The node a fault of ``role`` lands on, and the role it really had then."""
         live = self.cluster.live()
         if not live:
-            return
-        action, role = spec.kind.split("_")
+            return None, role
         leader_id = self.leader()
         leader = next((n for n in live if n.node_id == leader_id), None)
         workers = sorted((n for n in live if n is not leader), key=lambda n: n.node_id)
         if role == "leader" and leader is not None:
-            target = leader
-        elif workers:
-            target = workers[int(spec.pick * len(workers))]
-            role = "worker"
-        else:
-            target = live[0]
+            return leader, "leader"
+        if workers:
+            return workers[int(pick * len(workers))], "worker"
+        return live[0], "leader" if live[0] is leader else "worker"
+
+    def _node_fault(self, spec: FaultSpec) -> None:
+        action, role = spec.kind.split("_")
+        target, role = self._pick(role, spec.pick)
+        if target is None:
+            return
         kind = f"{action}_{role}"
-        spec = FaultSpec(
-            kind, spec.offset_s, spec.duration_s, spec.restart_after_s, spec.pause_after_s, 0.0
-        )
         start = time.time()
         self.cluster.signal(target, SIGNALS[action])
         if action == "sigstop":
@@ -516,7 +408,91 @@ class Nemesis:
             self.cluster.signal(target, signal.SIGCONT)
         else:
             self._restarts[target.node_id] = start + spec.restart_after_s
+        self._log(spec, target.node_id, start, pid=target.pid, kind=kind)
+
+    def _link_fault(self, spec: FaultSpec) -> None:
+        services, mode = LINK_FAULTS[spec.kind]
+        wanted = spec.kind.rsplit("_", 1)[1]
+        target, role = self._pick(wanted, spec.pick)
+        if target is None or target.node_id not in self.links:
+            return
+        kind = spec.kind.rsplit("_", 1)[0] + f"_{role}"
+        links = self.links[target.node_id]
+        start = time.time()
+        links.set(services, mode, latency_s=spec.magnitude)
+        self._sleep_until(start + spec.duration_s)
+        links.heal()
+        self._log(spec, target.node_id, start, pid=target.pid, kind=kind)
+
+    def _clock_jump(self, spec: FaultSpec) -> None:
+        target, _ = self._pick("worker" if spec.pick < 0.5 else "leader", spec.pick * 2 % 1)
+        if target is None:
+            return
+        clock = self.cluster.clock(target.node_id)
+        if clock is None:
+            return
+        start = time.time()
+        clock.step(spec.magnitude)
+        self._sleep_until(start + spec.duration_s)
+        clock.step(0.0)
         self._log(spec, target.node_id, start, pid=target.pid)
+
+    def _kill(self, node: NodeProcess, spec: FaultSpec, kind: str) -> None:
+        start = time.time()
+        self.cluster.signal(node, signal.SIGKILL)
+        self._restarts[node.node_id] = start + spec.restart_after_s
+        self._log(spec, node.node_id, start, pid=node.pid, kind=kind)
+
+    def _two_down(self, spec: FaultSpec) -> None:
+        leader, _ = self._pick("leader", spec.pick)
+        worker, _ = self._pick("worker", spec.pick)
+        for node in {id(n): n for n in (leader, worker) if n is not None}.values():
+            self._kill(node, spec, TWO_DOWN)
+
+    def _kill_in_recovery(self, spec: FaultSpec) -> None:
+        """The leader killed, and its successor killed the moment it records its term: the
+        cluster must recover from a fault that lands inside its recovery from the first."""
+        leader, role = self._pick("leader", spec.pick)
+        if leader is None or role != "leader":
+            return
+        before = self.newest_term()
+        self._kill(leader, spec, KILL_IN_RECOVERY)
+        deadline = time.time() + SUCCESSOR_WAIT_S
+        while time.time() < deadline:
+            newest = self.newest_term()
+            if newest is not None and (before is None or newest[0] > before[0]):
+                successor = self.cluster.nodes.get(newest[1])
+                if successor is not None and successor.alive() and not successor.frozen:
+                    self._kill(successor, spec, KILL_IN_RECOVERY)
+                return
+            self._sleep_until(time.time() + 0.02)
+
+    def _cluster_restart(self, spec: FaultSpec) -> None:
+        """Every node stopped gracefully, the cluster down a while, then every node started: the
+        misfire policies decide what the outage's slots become."""
+        start = time.time()
+        nodes = [n for n in self.cluster.nodes.values() if n.alive()]
+        self._held = {n.node_id for n in self.cluster.nodes.values()}
+        for node in nodes:
+            self.cluster.signal(node, signal.SIGCONT)
+            self.cluster.signal(node, signal.SIGTERM)
+        for node in nodes:
+            try:
+                node.process.wait(timeout=DRAIN_LIMIT_S)
+            except Exception:
+                self._incident(f"{node.node_id} did not drain within {DRAIN_LIMIT_S:.0f} s: killed")
+                node.process.kill()
+                node.process.wait(timeout=5)
+        stopped = time.time()
+        self._sleep_until(start + max(spec.duration_s, stopped - start + 1.0))
+        for node in nodes:
+            self._log(spec, node.node_id, start, pid=node.pid)
+        self._held = set()
+        for node_id in list(self.cluster.nodes):
+            self._restarts.pop(node_id, None)
+            if not self.cluster.nodes[node_id].alive():
+                fresh = self.cluster.start(node_id)
+                self.say(f"restarted {node_id} (pid {fresh.pid})")
 
     def recover(self, deadline: float) -> None:
         """After the last fault: everything back up (the nemesis always restores its outages when
@@ -524,152 +500,8 @@ class Nemesis:
         for node in self.cluster.nodes.values():
             if node.frozen:
                 self.cluster.signal(node, signal.SIGCONT)
+        for links in self.links.values():
+            links.heal()
         for node_id in list(self._restarts):
             self._restarts[node_id] = min(self._restarts[node_id], time.time())
         self.settle(deadline)
-
-
-# --- the operator --------------------------------------------------------------------------------
-
-
-class Operator:
-    """Concurrent operator actions through the REST API, from this process, against the run's
-    database: trigger a run, pause and later resume a job, edit it, and race two edits on one
-    version (exactly one may win; the other gets 409). Every action is logged as a fault; an
-    answer out of the contract (a 5xx, both racing edits winning) is an API anomaly."""
-
-    def __init__(
-        self, *, token: str, job_ids: Sequence[int], seed: int, say: Callable[[str], None]
-    ):
-        self.token = token
-        self.job_ids = list(job_ids)
-        self.rng = random.Random(seed)
-        self.say = say
-        self.faults: list[Fault] = []
-        self.anomalies: list[ApiAnomaly] = []
-        self.stop = threading.Event()
-        self._paused: dict[int, float] = {}  # job id -> when to resume it
-        self._thread = threading.Thread(target=self._loop, name="operator", daemon=True)
-
-    def client(self) -> Any:
-        from rest_framework.test import APIClient
-
-        api = APIClient()
-        api.credentials(HTTP_AUTHORIZATION=f"Token {self.token}")
-        return api
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop acting and resume every job still paused (the checker reads pause windows)."""
-        self.stop.set()
-        self._thread.join(timeout)
-        api = self.client()
-        for job_id in list(self._paused):
-            self._call(api, "post", f"/api/jobs/{job_id}/resume/", API_PAUSE_RESUME)
-            self._paused.pop(job_id, None)
-        from django.db import connection
-
-        connection.close()
-
-    def _loop(self) -> None:
-        from django.db import connection
-
-        api = self.client()
-        try:
-            while not self.stop.wait(self.rng.uniform(*OPERATOR_EVERY_S)):
-                try:
-                    self._act(api)
-                except Exception as exc:  # an action must never end the run: it is a finding
-                    self._anomaly("operator", repr(exc))
-                    connection.close()
-        finally:
-            connection.close()
-
-    def _call(self, api: Any, method: str, path: str, action: str, **kwargs: Any) -> Any:
-        if method != "get":
-            kwargs["format"] = "json"
-        response = getattr(api, method)(path, **kwargs)
-        if response.status_code >= 500:
-            self._anomaly(action, f"{method.upper()} {path}: {response.status_code}")
-        return response
-
-    def _anomaly(self, action: str, detail: str) -> None:
-        self.anomalies.append(ApiAnomaly(time.time(), action, detail))
-        self.say(f"API anomaly: {action}: {detail}")
-
-    def _act(self, api: Any) -> None:
-        now = time.time()
-        for job_id, due in list(self._paused.items()):
-            if due <= now:
-                start = time.time()
-                self._call(api, "post", f"/api/jobs/{job_id}/resume/", API_PAUSE_RESUME)
-                del self._paused[job_id]
-                self._record(API_PAUSE_RESUME, job_id, start, "resume")
-        roll = self.rng.random()
-        job_id = self.rng.choice(self.job_ids)
-        start = time.time()
-        if roll < 0.4:
-            self._call(api, "post", f"/api/jobs/{job_id}/trigger/", API_TRIGGER)
-            self._record(API_TRIGGER, job_id, start)
-        elif roll < 0.7:
-            current = self._call(api, "get", f"/api/jobs/{job_id}/", API_EDIT).json()
-            self._call(
-                api,
-                "patch",
-                f"/api/jobs/{job_id}/",
-                API_EDIT,
-                data={"description": f"edited at {start:.3f}", "version": current["version"]},
-            )
-            self._record(API_EDIT, job_id, start)
-        elif roll < 0.85:
-            self._race(api, job_id, start)
-        elif job_id not in self._paused:
-            self._call(api, "post", f"/api/jobs/{job_id}/pause/", API_PAUSE_RESUME)
-            self._paused[job_id] = time.time() + self.rng.uniform(*PAUSED_FOR_S)
-            self._record(API_PAUSE_RESUME, job_id, start, "pause")
-
-    def _race(self, api: Any, job_id: int, start: float) -> None:
-        """Two operators edit the same job from the same version at the same moment."""
-        from django.db import connection
-
-        version = self._call(api, "get", f"/api/jobs/{job_id}/", API_CONCURRENT_EDIT).json()[
-            "version"
-        ]
-        barrier = threading.Barrier(2)
-        statuses: list[int] = []
-
-        def edit(which: int) -> None:
-            try:
-                other = self.client()
-                barrier.wait(timeout=5)
-                response = self._call(
-                    other,
-                    "patch",
-                    f"/api/jobs/{job_id}/",
-                    API_CONCURRENT_EDIT,
-                    # Both edits really change the job (an edit to the value it already has
-                    # is a no-op that rightly succeeds), and neither touches what scheduling
-                    # reads: a priority would reorder the claims of a cluster that is behind.
-                    data={"description": f"race {start:.3f} #{which}", "version": version},
-                )
-                statuses.append(response.status_code)
-            finally:
-                connection.close()
-
-        threads = [threading.Thread(target=edit, args=(i,)) for i in (1, 2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        if sorted(statuses) != [200, 409]:
-            self._anomaly(
-                API_CONCURRENT_EDIT,
-                f"job {job_id}: two edits of version {version} answered {sorted(statuses)} "
-                "(expected one 200 and one 409)",
-            )
-        self._record(API_CONCURRENT_EDIT, job_id, start, f"answers {sorted(statuses)}")
-
-    def _record(self, kind: str, job_id: int, start: float, detail: str = "") -> None:
-        self.faults.append(Fault(kind, f"job {job_id}", start, time.time(), detail=detail))

@@ -98,6 +98,11 @@ class RedisServer:
         self.stop()
         raise RuntimeError(ERR_REDIS_START.format(port=self.port))
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the server (SIGSTOP freezes it, SIGCONT resumes it)."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signum)
+
     def stop(self, *, kill: bool = False) -> None:
         """Stop it by PID: SIGKILL at once with ``kill`` (a crash), else SIGTERM then SIGKILL."""
         if self.process is not None and self.process.poll() is None:

@@ -6,8 +6,10 @@ database) and runs ``python -m cluster.verify.runner PLAN.json`` in a child proc
 reader) and the nodes share it without touching the caller's. The timeline:
 
 1. private ``redis-server`` processes (coordination + three Redlock masters) when coordinating
-   through Redis, before Django reads ``REDIS_URL``; the database migrated; the interval jobs and
-   an operator account defined; on MariaDB a cuttable proxy in front of the database for the nodes;
+   through Redis, and a private MariaDB when asked, before Django reads their URLs; the database
+   migrated; the interval jobs and an operator account defined; for every node its own links
+   (:mod:`cluster.verify.links`) to the database and to each Redis server, and a wall clock the
+   nemesis can step (:mod:`cluster.verify.processes`);
 2. ``--nodes`` real ``runnode`` processes; warm-up until a leader leads and every job has run;
 3. the nemesis and the operator for ``--minutes``; then every fault undone, every node back;
 4. a quiet tail, then every node stopped gracefully (SIGTERM, drain); the history collected and
@@ -28,32 +30,35 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from cluster.verify.checker import (
+from cluster.verify.checker import Report, check
+from cluster.verify.faults import (
+    BOTH_LINK_KINDS,
+    CLOCK_JUMP,
+    DB_LINK_KINDS,
+    MARIADB_RESTART,
+    NODE_FAULT_KINDS,
+    OVERLAP_KINDS,
+    REDIS_FAULT_KINDS,
+    REDIS_LINK_KINDS,
+    SIGSTOP_LEADER,
+    SIGSTOP_WORKER,
+)
+from cluster.verify.links import LinkSet
+from cluster.verify.mariadb_server import MariaDBServer
+from cluster.verify.nemesis import FaultDeck, Nemesis
+from cluster.verify.operator_actions import OPERATOR_KINDS, Operator
+from cluster.verify.processes import LocalCluster, build_clock_shim
+from cluster.verify.record import (
     LEADERSHIP_BLOCKING_FAULTS,
     CheckConfig,
     History,
-    Report,
-    check,
     history_to_dict,
-)
-from cluster.verify.nemesis import (
-    DB_DOWN,
-    NODE_FAULT_KINDS,
-    OPERATOR_KINDS,
-    REDIS_FAULT_KINDS,
-    SIGSTOP_LEADER,
-    SIGSTOP_WORKER,
-    FaultDeck,
-    LocalCluster,
-    Nemesis,
-    Operator,
-    TcpProxy,
 )
 from cluster.verify.redis_server import RedisServer
 
@@ -109,10 +114,17 @@ class ChaosPlan:
     run_dir: str
     report_json: str | None = None
     save_history: str | None = None
+    # The run starts a MariaDB server of its own (and may kill it): database_url is then only
+    # the database's name on it.
+    private_mariadb: bool = False
+    # Only these fault kinds (default: every kind the configuration can take), and, given, the
+    # length of every fault that has one, in turn (a scenario: the partition table).
+    kinds: list[str] | None = None
+    durations: list[float] = field(default_factory=list)
 
     @property
     def on_mysql(self) -> bool:
-        return self.database_url.startswith("mysql")
+        return self.private_mariadb or self.database_url.startswith("mysql")
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -122,14 +134,20 @@ class ChaosPlan:
         return cls(**json.loads(path.read_text()))
 
 
-def fault_kinds(coordination: str, on_mysql: bool) -> list[str]:
-    """The faults a configuration can take: Redis faults need Redis coordination, cutting the
-    database needs the MariaDB proxy (SQLite is a file: nothing to cut)."""
-    kinds = list(NODE_FAULT_KINDS)
+def fault_kinds(coordination: str, on_mysql: bool, *, private_mariadb: bool = False) -> list[str]:
+    """The faults a configuration can take. Redis faults need Redis coordination; the database's
+    links, and clock jumps, need MariaDB: SQLite is a file on one machine, so there is no path to
+    cut and no node with a clock of its own; restarting the database needs a server of the run's
+    own."""
+    kinds = [*NODE_FAULT_KINDS, *OVERLAP_KINDS]
     if coordination == "redis":
-        kinds += REDIS_FAULT_KINDS
+        kinds += [*REDIS_LINK_KINDS, *REDIS_FAULT_KINDS]
     if on_mysql:
-        kinds.append(DB_DOWN)
+        kinds += [*DB_LINK_KINDS, CLOCK_JUMP]
+        if coordination == "redis":
+            kinds += BOTH_LINK_KINDS
+    if private_mariadb:
+        kinds.append(MARIADB_RESTART)
     return kinds
 
 
@@ -146,28 +164,42 @@ def check_config(meta: dict[str, Any]) -> CheckConfig:
     )
 
 
+# Jobs that exercise what a whole-cluster stop or a long leader gap leaves behind: a short grace
+# makes such a gap a misfire, and each policy names what its missed slots become.
+MISFIRE_JOBS = {3: "skip", 5: "run_all", 7: "run_once"}
+MISFIRE_GRACE_S = 2
+CRON_JOB = 8  # this one fires on a cron pattern: every even second
+CRON_EXPRESSION = "*/2 * * * * *"
+
+
 def job_definitions(count: int, side_effects: Path) -> list[dict[str, Any]]:
-    """``count`` jobs every second with the default policies (forbid, run_once); a third with one
-    retry, half with a timeout, bodies of 50-400 ms, and the last one running 1.4 s on every 7th
-    slot (its next slot then really is blocked: a forbid skip the checker must find justified)."""
+    """``count`` jobs every second, forbid; a third with one retry, half with a timeout, bodies of
+    50-400 ms, and the last one running 1.4 s on every 7th slot (its next slot then really is
+    blocked: a forbid skip the checker must find justified). Jobs 3, 5 and 7 (when there are that
+    many) have a 2 s misfire grace with the skip, run_all and run_once policies; job 8 is a cron
+    job every even second. The rest keep the default policies."""
     sleeps = (0.05, 0.1, 0.2, 0.3, 0.4)
     jobs = []
     for index in range(count):
         kwargs: dict[str, Any] = {"path": str(side_effects), "sleep_s": sleeps[index % len(sleeps)]}
         if index == count - 1:
             kwargs.update(long_s=1.4, long_every=7)
-        jobs.append(
-            {
-                "name": f"chaos-{index:02d}",
-                "task": TASK_NAME,
-                "kwargs": kwargs,
-                "schedule_type": "interval",
-                "interval_seconds": 1,
-                "max_retries": 1 if index % 3 == 1 else 0,
-                "retry_backoff_base": 0.5,
-                "timeout_seconds": 10 if index % 2 == 0 else None,
-            }
-        )
+        job: dict[str, Any] = {
+            "name": f"chaos-{index:02d}",
+            "task": TASK_NAME,
+            "kwargs": kwargs,
+            "schedule_type": "interval",
+            "interval_seconds": 1,
+            "max_retries": 1 if index % 3 == 1 else 0,
+            "retry_backoff_base": 0.5,
+            "timeout_seconds": 10 if index % 2 == 0 else None,
+        }
+        if index in MISFIRE_JOBS:
+            job.update(misfire_policy=MISFIRE_JOBS[index], misfire_grace_seconds=MISFIRE_GRACE_S)
+        if index == CRON_JOB and index != count - 1:
+            del job["interval_seconds"]
+            job.update(schedule_type="cron", cron_expression=CRON_EXPRESSION)
+        jobs.append(job)
     return jobs
 
 
@@ -187,7 +219,8 @@ class ChaosRun:
         self.side_effects = self.run_dir / "side_effects.jsonl"
         self.redis: RedisServer | None = None
         self.redlock: list[RedisServer] = []
-        self.proxy: TcpProxy | None = None
+        self.mariadb: MariaDBServer | None = None
+        self.links: dict[str, LinkSet] = {}
         self.cluster: LocalCluster | None = None
         self.operator: Operator | None = None
         self.started = time.time()
@@ -200,9 +233,10 @@ class ChaosRun:
     def run(self) -> int:
         try:
             self._start_redis()
+            self._start_mariadb()
             self._setup_django()
             job_ids, token = self._define_jobs()
-            self._start_proxy()
+            self._start_links()
             self._start_nodes()
             self._warm_up()
             return self._chaos(job_ids, token)
@@ -232,17 +266,31 @@ class ChaosRun:
     def _chaos(self, job_ids: list[int], token: str) -> int:
         assert self.cluster is not None
         plan = self.plan
-        kinds = fault_kinds(plan.coordination, plan.on_mysql)
+        kinds = plan.kinds or fault_kinds(
+            plan.coordination, plan.on_mysql, private_mariadb=plan.private_mariadb
+        )
+        if self.cluster.clock_shim is None and CLOCK_JUMP in kinds:
+            kinds = [k for k in kinds if k != CLOCK_JUMP]
+            self.say("no C compiler for the clock shim: clock jumps are not dealt")
         nemesis = Nemesis(
             cluster=self.cluster,
-            deck=FaultDeck(plan.seed, kinds),
+            deck=FaultDeck(plan.seed, kinds, durations=plan.durations),
             leader=self._leader,
+            newest_term=self._newest_term,
             say=self.say,
+            links=self.links,
             coordination_redis=self.redis,
             redlock_masters=self.redlock,
-            proxy=self.proxy,
+            mariadb=self.mariadb,
         )
-        self.operator = Operator(token=token, job_ids=job_ids, seed=plan.seed + 1, say=self.say)
+        scratch = job_definitions(1, self.side_effects)[0]
+        self.operator = Operator(
+            token=token,
+            job_ids=job_ids,
+            seed=plan.seed + 1,
+            say=self.say,
+            scratch={**scratch, "name": "chaos-scratch"},
+        )
         window_start = time.time()
         self.say(f"chaos for {plan.minutes:g} min; fault kinds: {', '.join(kinds)}")
         self.operator.start()
@@ -297,6 +345,32 @@ class ChaosRun:
             + ", ".join(m.url for m in self.redlock)
         )
 
+    def _start_mariadb(self) -> None:
+        """A MariaDB server of the run's own, before Django reads DATABASE_URL: the nemesis may
+        kill and restart it."""
+        if not self.plan.private_mariadb:
+            return
+        import MySQLdb
+
+        self.mariadb = MariaDBServer(self.run_dir / "mariadb")
+        try:
+            self.mariadb.install()
+            self.mariadb.start()
+        except RuntimeError as exc:
+            raise SetupError(str(exc)) from exc
+        url = with_port(self.plan.database_url, self.mariadb.port)
+        name = urlsplit(url).path.lstrip("/")
+        conn = MySQLdb.connect(host="127.0.0.1", port=self.mariadb.port, user="root")
+        try:
+            conn.cursor().execute(
+                f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+            )
+        finally:
+            conn.close()
+        self.plan.database_url = url
+        os.environ["DATABASE_URL"] = url
+        self.say(f"mariadb: a private server on 127.0.0.1:{self.mariadb.port} (database {name})")
+
     def _setup_django(self) -> None:
         os.environ["SCHEDULER_REDIS_PREFIX"] = f"chaos{os.getpid()}"
         os.environ["SCHEDULER_TASK_MODULES"] = TASK_MODULE
@@ -337,19 +411,41 @@ class ChaosRun:
         )
         return ids, tokens.issue(user, by=services.SYSTEM, name="chaos")[0]
 
-    def _start_proxy(self) -> None:
-        if not self.plan.on_mysql:
-            return
-        parts = urlsplit(self.plan.database_url)
-        self.proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 3306))
-        self.proxy.start()
-        self.say(f"database proxy: 127.0.0.1:{self.proxy.port} -> {parts.hostname}:{parts.port}")
+    def _targets(self) -> dict[str, tuple[str, int]]:
+        """The services a node reaches over the network, each through a link of its own."""
+        targets: dict[str, tuple[str, int]] = {}
+        if self.plan.on_mysql:
+            parts = urlsplit(self.plan.database_url)
+            targets["database"] = (parts.hostname or "127.0.0.1", parts.port or 3306)
+        if self.redis is not None:
+            targets["redis"] = ("127.0.0.1", self.redis.port)
+            for index, master in enumerate(self.redlock):
+                targets[f"redlock-{index}"] = ("127.0.0.1", master.port)
+        return targets
 
-    def _node_env(self) -> dict[str, str]:
+    def _start_links(self) -> None:
+        targets = self._targets()
+        if not targets:
+            return
+        for index in range(1, self.plan.nodes + 1):
+            node_id = f"n{index}"
+            self.links[node_id] = LinkSet(node_id, targets)
+        self.say(f"links: every node reaches {', '.join(targets)} through a path of its own")
+
+    def _node_env(self, node_id: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         node_url = self.plan.database_url
-        if self.proxy is not None:
-            node_url = with_port(node_url, self.proxy.port)
+        links = self.links.get(node_id)
+        if links is not None:
+            services = links.links
+            if "database" in services:
+                node_url = with_port(node_url, links.port("database"))
+            if "redis" in services and self.redis is not None:
+                env["REDIS_URL"] = with_port(self.redis.url, links.port("redis"))
+                env["REDLOCK_URLS"] = ",".join(
+                    with_port(master.url, links.port(f"redlock-{index}"))
+                    for index, master in enumerate(self.redlock)
+                )
         env.update(
             {
                 "DATABASE_URL": node_url,
@@ -365,10 +461,12 @@ class ChaosRun:
     def _start_nodes(self) -> None:
         from django.conf import settings
 
+        shim = build_clock_shim(self.run_dir) if self.plan.on_mysql else None
         self.cluster = LocalCluster(
             root=Path(settings.BASE_DIR),
             run_dir=self.run_dir,
-            env=self._node_env(),
+            env_for=self._node_env,
+            clock_shim=shim,
             args=[
                 "--heartbeat-s",
                 str(HEARTBEAT_S),
@@ -449,6 +547,19 @@ class ChaosRun:
             close_old_connections()
             return None
 
+    def _newest_term(self) -> tuple[int, str] | None:
+        """The newest term recorded, open or not, and its node."""
+        from django.db import close_old_connections
+
+        from cluster.models import LeadershipTerm
+
+        try:
+            row = LeadershipTerm.objects.order_by("-term").values_list("term", "node_id").first()
+        except Exception:
+            close_old_connections()
+            return None
+        return (int(row[0]), str(row[1])) if row else None
+
     def _collect(
         self, *, faults: list, window_start: float, stop_at: float, incidents: list[str]
     ) -> History:
@@ -466,6 +577,8 @@ class ChaosRun:
             window_end=stop_at - WINDOW_END_MARGIN_S,
             stop_at=stop_at,
             api_anomalies=self.operator.anomalies if self.operator else [],
+            requested=self.operator.requested if self.operator else [],
+            deleted=self.operator.deleted if self.operator else [],
             meta={
                 "seed": plan.seed,
                 "minutes": plan.minutes,
@@ -521,8 +634,8 @@ class ChaosRun:
             self.operator.stop.set()
         if self.cluster is not None:
             self.cluster.kill_all()
-        if self.proxy is not None:
-            self.proxy.close()
+        for links in self.links.values():
+            links.close()
         for server in [self.redis, *self.redlock]:
             if server is not None:
                 server.stop()
@@ -531,6 +644,8 @@ class ChaosRun:
             from django.db import connections
 
             connections.close_all()
+        if self.mariadb is not None:
+            self.mariadb.stop()
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import time
 from typing import Any
 
@@ -19,6 +20,22 @@ ERR_BAD_EVERY = "long_every must be an integer >= 0"
 MAX_SLEEP_S = 60.0
 # How often a sleeping body looks at its cancel flag.
 CANCEL_POLL_S = 0.02
+
+
+def true_time() -> float:
+    """The machine's time, even on a node whose wall clock the nemesis has stepped: the step is
+    read from the file the node's clock shim reads (``CLOCK_SHIM_FILE``) and taken back off, so
+    the side-effect log stays on the one clock the checker judges by."""
+    now = time.time()
+    path = os.environ.get("CLOCK_SHIM_FILE")
+    if not path:
+        return now
+    try:
+        with open(path, "rb") as shim:
+            (offset_ns,) = struct.unpack("<q", shim.read(8))
+    except (OSError, struct.error):
+        return now
+    return now - offset_ns / 1e9
 
 
 def append_line(path: str, record: dict[str, Any]) -> None:
@@ -60,7 +77,7 @@ def record(
 ) -> dict[str, Any]:
     """Log {"event": "start"} first thing, sleep (``long_s`` on every ``long_every``-th slot, so a
     forbid job sometimes really overlaps its next slot), then log {"event": "end"}."""
-    started = time.time()  # before anything else: the line says when the body began
+    started = true_time()  # before anything else: the line says when the body began
     slot = context.scheduled_for.timestamp() if context.scheduled_for else None
     base = {
         "execution_id": context.execution_id,
@@ -77,5 +94,5 @@ def record(
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not context.cancelled:
         time.sleep(min(CANCEL_POLL_S, max(0.0, deadline - time.monotonic())))
-    append_line(path, {"event": "end", **base, "at": time.time(), "cancelled": context.cancelled})
+    append_line(path, {"event": "end", **base, "at": true_time(), "cancelled": context.cancelled})
     return {"pid": os.getpid(), "slept_s": seconds}

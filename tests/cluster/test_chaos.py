@@ -20,9 +20,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from cluster.management.commands import chaos as chaos_command
-from cluster.verify import nemesis
-from cluster.verify.checker import history_to_dict
+from cluster.verify import faults, nemesis
 from cluster.verify.nemesis import FaultDeck, next_instant
+from cluster.verify.record import history_to_dict
 from cluster.verify.runner import (
     EXIT_USAGE,
     EXIT_VIOLATIONS,
@@ -103,7 +103,21 @@ def test_the_fault_deck_is_seeded_and_deals_every_kind_each_round() -> None:
 
 
 def test_fault_kinds_follow_the_configuration() -> None:
-    assert set(fault_kinds("database", on_mysql=False)) == set(nemesis.NODE_FAULT_KINDS)
+    # SQLite: one file on one machine, so no link to cut and no clock of a node's own.
+    assert set(fault_kinds("database", on_mysql=False)) == {
+        *nemesis.NODE_FAULT_KINDS,
+        *faults.OVERLAP_KINDS,
+    }
+    on_mariadb = fault_kinds("redis", on_mysql=True, private_mariadb=True)
+    assert {faults.PARTITION_DB_LEADER, faults.ONEWAY_DB_LEADER, faults.SLOW_DB_LEADER} <= set(
+        on_mariadb
+    )
+    assert {faults.PARTITION_BOTH_LEADER, faults.CLOCK_JUMP, faults.MARIADB_RESTART} <= set(
+        on_mariadb
+    )
+    assert faults.REDIS_FREEZE in on_mariadb
+    assert faults.MARIADB_RESTART not in fault_kinds("redis", on_mysql=True)
+    assert faults.PARTITION_REDIS_LEADER not in fault_kinds("database", on_mysql=True)
     assert nemesis.DB_DOWN in fault_kinds("database", on_mysql=True)
     assert nemesis.REDIS_RESTART in fault_kinds("redis", on_mysql=False)
     assert nemesis.DB_DOWN not in fault_kinds("redis", on_mysql=False)
@@ -115,11 +129,14 @@ def test_faults_land_at_whole_seconds_plus_their_offset() -> None:
     assert next_instant(0.5, now=100.2) == 100.5 + 1.0  # at least half a second ahead
 
 
-def test_job_definitions_use_the_default_policies(tmp_path: Path) -> None:
+def test_job_definitions_cover_the_misfire_policies_and_a_cron_job(tmp_path: Path) -> None:
     jobs = job_definitions(10, tmp_path / "effects.jsonl")
     assert len({j["name"] for j in jobs}) == 10
-    assert all(j["interval_seconds"] == 1 for j in jobs)
-    assert all("concurrency_policy" not in j and "misfire_policy" not in j for j in jobs)
+    assert all("concurrency_policy" not in j for j in jobs)  # forbid, the default
+    policies = {j.get("misfire_policy", "run_once (default)") for j in jobs}
+    assert {"skip", "run_all", "run_once"} <= policies
+    assert [j["cron_expression"] for j in jobs if j["schedule_type"] == "cron"] == ["*/2 * * * * *"]
+    assert all(j["interval_seconds"] == 1 for j in jobs if j["schedule_type"] == "interval")
     assert any(j["max_retries"] == 1 for j in jobs)
     assert jobs[-1]["kwargs"]["long_every"] > 0
 

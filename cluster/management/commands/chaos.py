@@ -1,10 +1,16 @@
 """Run the cluster under a seeded nemesis and check what happened:
-``python manage.py chaos --minutes N --seed S [--coordination redis|database] [--database-url URL]
-[--nodes 3] [--jobs 10]``.
+``python manage.py chaos --minutes N --seed S [--coordination redis|database]
+[--database sqlite|mariadb | --database-url URL] [--nodes 3] [--jobs 10] [--faults K,K]
+[--durations S,S]``.
 
-The run gets its own database (a SQLite file in a temporary directory by default, or the MariaDB
-database named by ``--database-url``: created if missing, dropped at the end) and, with
-``--coordination redis``, its own redis-server processes; it never touches the caller's. It prints
+The run gets its own database: a SQLite file in a temporary directory by default; with
+``--database mariadb`` a MariaDB server of its own, which the nemesis may also kill and restart;
+or the MariaDB database named by ``--database-url`` (created if missing, dropped at the end) on a
+server the run does not own. With ``--coordination redis`` it starts its own redis-server
+processes; it never touches the caller's. ``--faults`` deals only the named kinds (``--faults
+list`` prints the kinds a configuration can take) and ``--durations`` fixes the length of each
+fault in turn: ``--faults partition_db_leader --durations 8,30`` measures one row of the
+partition table. It prints
 the faults as they land and a report (slots checked, runs, faults by kind, violations by kind with
 their evidence) and exits 1 on any violation, 2 on bad arguments, 3 when the cluster could not be
 set up, 4 when the verifier itself failed, 130 when interrupted. ``--check-history FILE`` re-checks
@@ -31,7 +37,8 @@ import dj_database_url
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cluster.verify.checker import check, history_from_dict
+from cluster.verify.checker import check
+from cluster.verify.record import history_from_dict
 from cluster.verify.runner import (
     EXIT_INTERRUPTED,
     EXIT_SETUP,
@@ -39,6 +46,7 @@ from cluster.verify.runner import (
     EXIT_VIOLATIONS,
     ChaosPlan,
     check_config,
+    fault_kinds,
 )
 
 MAX_MINUTES = 24 * 60
@@ -60,6 +68,10 @@ ERR_DATABASE_NOT_EMPTY = (
 ERR_SQLITE_EXISTS = "SQLite file {path} exists: a chaos run needs a database of its own"
 ERR_DATABASE_UNREACHABLE = "cannot reach the database server: {error}"
 ERR_HISTORY = "cannot read the history {path}: {error}"
+ERR_TWO_DATABASES = "give --database or --database-url, not both"
+ERR_FAULTS = "--faults: {bad} cannot be dealt in this configuration; it can take: {kinds}"
+ERR_DURATIONS = "--durations must be comma-separated seconds, each within 0.1-600"
+PRIVATE_DATABASE_NAME = "chaos"
 MSG_VIOLATIONS = "the chaos run found violations (see the report above)"
 MSG_SETUP = "the chaos run could not set up its cluster (see above)"
 MSG_INTERRUPTED = "the chaos run was interrupted"
@@ -136,6 +148,24 @@ class Command(BaseCommand):
         )
         parser.add_argument("--coordination", choices=["database", "redis"], default="database")
         parser.add_argument(
+            "--database",
+            choices=["sqlite", "mariadb"],
+            default=None,
+            help="sqlite (default) or mariadb: a MariaDB server of the run's own, which the "
+            "nemesis may kill and restart",
+        )
+        parser.add_argument(
+            "--faults",
+            default=None,
+            help="Comma-separated fault kinds to deal (default: every kind the configuration "
+            "can take); 'list' prints them",
+        )
+        parser.add_argument(
+            "--durations",
+            default=None,
+            help="Comma-separated lengths (s) of the faults that last, used in turn",
+        )
+        parser.add_argument(
             "--database-url",
             default=None,
             help="mysql://USER@HOST:PORT/NAME for MariaDB (default: SQLite in a temp directory)",
@@ -167,6 +197,30 @@ class Command(BaseCommand):
         if not MIN_JOBS <= options["jobs"] <= MAX_JOBS:
             raise _usage(ERR_JOBS)
         url = options["database_url"]
+        private = options["database"] == "mariadb"
+        if private and url is not None:
+            raise _usage(ERR_TWO_DATABASES)
+        on_mysql = private or (url or "").startswith("mysql://")
+        possible = fault_kinds(options["coordination"], on_mysql, private_mariadb=private)
+        if options["faults"] == "list":
+            self.stdout.write("\n".join(possible))
+            return
+        kinds = None
+        if options["faults"]:
+            kinds = [k.strip() for k in options["faults"].split(",") if k.strip()]
+            bad = sorted(set(kinds) - set(possible))
+            if bad or not kinds:
+                raise _usage(
+                    ERR_FAULTS.format(bad=", ".join(bad) or "nothing", kinds=", ".join(possible))
+                )
+        durations: list[float] = []
+        if options["durations"]:
+            try:
+                durations = [float(d) for d in options["durations"].split(",")]
+            except ValueError:
+                raise _usage(ERR_DURATIONS) from None
+            if not all(0.1 <= d <= 600 for d in durations):
+                raise _usage(ERR_DURATIONS)
         if url is not None:
             if not url.startswith(("sqlite:///", "mysql://")):
                 raise _usage(ERR_DATABASE_URL)
@@ -180,9 +234,11 @@ class Command(BaseCommand):
         created_mysql = False
         code = EXIT_INTERRUPTED
         try:
-            if url is None:
+            if private:
+                url = f"mysql://root@127.0.0.1:1/{PRIVATE_DATABASE_NAME}"  # the port: the run's server
+            elif url is None:
                 url = f"sqlite:///{run_dir / 'chaos.sqlite3'}"
-            if url.startswith("mysql://"):
+            if url.startswith("mysql://") and not private:
                 created_mysql = create_mysql_database(url)
             plan = ChaosPlan(
                 seed=seed,
@@ -194,13 +250,17 @@ class Command(BaseCommand):
                 run_dir=str(run_dir),
                 report_json=options["report_json"],
                 save_history=options["save_history"],
+                private_mariadb=private,
+                kinds=kinds,
+                durations=durations,
             )
             plan_path = run_dir / "plan.json"
             plan.dump(plan_path)
+            where = "a private MariaDB" if private else url if on_mysql else "SQLite"
             self.stdout.write(
                 f"chaos: seed {seed}, {minutes:g} min, {options['nodes']} nodes, "
                 f"{options['jobs']} jobs, {options['coordination']} coordination, "
-                f"database {url if url.startswith('mysql') else 'SQLite'}; run dir {run_dir}"
+                f"database {where}; run dir {run_dir}"
             )
             code = self._run_child(plan_path, url, run_dir, timeout=minutes * 60 + CHILD_OVERHEAD_S)
         finally:

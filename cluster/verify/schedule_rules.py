@@ -1,0 +1,181 @@
+"""Rules on when the leader fires, judged from the rows it wrote:
+
+- the slots of a job, computed here on their own (not by the product's schedule code, which is
+  what is being checked): interval jobs, and cron jobs whose expression is a whole-minute pattern
+  of seconds (``*/N * * * * *`` or ``S1,S2 * * * * *``, seconds first);
+- ``misfire_policy``: a tick that wrote a job's fires more than its grace after the oldest of them
+  (no leader for a while, a whole cluster stopped) must do what the policy names: ``run_once``
+  runs exactly the newest missed slot and records the others skipped, ``skip`` runs none of
+  them, ``run_all`` runs the newest ``run_all_max`` of them; a misfire skip in a tick that was
+  not late is a violation too.
+
+A tick's rows carry its instant (their ``created_at``, a skip's ``finished_at``) on the leader's
+clock; ticks written by a leader whose clock the nemesis stepped are not judged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+
+from cluster.verify.attempts import clock_off
+from cluster.verify.record import (
+    SCHEDULE_TRIGGER,
+    SKIPPED,
+    CheckConfig,
+    Execution,
+    History,
+    JobInfo,
+    Violation,
+    row_evidence,
+    when,
+)
+
+MISFIRE_POLICY = "misfire_policy"
+KINDS = (MISFIRE_POLICY,)
+MISFIRE_REASON_PREFIX = "misfire"
+RUN_ONCE, SKIP, RUN_ALL = "run_once", "skip", "run_all"
+# Rows of one job written within this of each other belong to one tick.
+TICK_S = 0.25
+
+MSG_MISFIRE = (
+    "job {job_id} ({policy}, grace {grace_s} s): the tick at {at} wrote {missed} missed slots "
+    "and ran {ran} ({expected})"
+)
+MSG_EARLY_MISFIRE = (
+    "job {job_id}: slot {slot} skipped as a misfire although written {late_s:.2f} s after it, "
+    "within its grace of {grace_s} s"
+)
+
+_SECONDS_CRON = re.compile(r"^(\*/(\d+)|\d+(,\d+)*)( \*){5}$")
+
+
+def cron_seconds(expression: str) -> tuple[int, ...] | None:
+    """The seconds of each minute a whole-minute cron pattern fires at; None for any other."""
+    expression = " ".join(expression.split())
+    match = _SECONDS_CRON.match(expression)
+    if not match:
+        return None
+    if match.group(2):
+        step = int(match.group(2))
+        return tuple(range(0, 60, step)) if 0 < step < 60 else None
+    seconds = sorted({int(s) for s in expression.split()[0].split(",")})
+    return tuple(seconds) if all(0 <= s < 60 for s in seconds) else None
+
+
+def slot_step(job: JobInfo) -> float:
+    """The longest wait between two slots of the job (0: not a schedule the checker follows)."""
+    if job.schedule_type == "interval" and job.interval_seconds:
+        return float(job.interval_seconds)
+    seconds = cron_seconds(job.cron) if job.schedule_type == "cron" else None
+    if not seconds:
+        return 0.0
+    gaps = [b - a for a, b in itertools.pairwise(seconds)] + [60 - seconds[-1] + seconds[0]]
+    return float(max(gaps))
+
+
+def job_slots(job: JobInfo, start: float, end: float) -> Iterable[float]:
+    """The nominal slots of a job in [start, end] (none for a schedule the checker cannot follow)."""
+    if job.schedule_type == "interval" and job.interval_seconds:
+        step = job.interval_seconds
+        anchor = job.start_at if job.start_at is not None else 0.0
+        k = math.ceil((start - anchor) / step - 1e-9)
+        slot = anchor + k * step
+        while slot <= end + 1e-9:
+            yield slot
+            k += 1
+            slot = anchor + k * step
+        return
+    seconds = cron_seconds(job.cron) if job.schedule_type == "cron" else None
+    if not seconds or job.timezone not in ("UTC", "Etc/UTC"):
+        return
+    minute = math.floor(start / 60) * 60
+    while minute <= end:
+        for second in seconds:
+            slot = minute + second
+            if start - 1e-9 <= slot <= end + 1e-9:
+                yield float(slot)
+        minute += 60
+
+
+def _tick_instant(row: Execution) -> float:
+    return row.created_at
+
+
+def _misfire_skip(row: Execution) -> bool:
+    """Written skipped by the tick for its misfire policy (a forbid skip comes later, at run time)."""
+    return row.status == SKIPPED and row.reason.startswith(MISFIRE_REASON_PREFIX)
+
+
+def _ticks(rows: list[Execution]) -> list[list[Execution]]:
+    rows = sorted(rows, key=_tick_instant)
+    groups: list[list[Execution]] = []
+    for row in rows:
+        if groups and _tick_instant(row) - _tick_instant(groups[-1][-1]) <= TICK_S:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def misfires(history: History, config: CheckConfig) -> list[Violation]:
+    jobs = {job.id: job for job in history.jobs}
+    fires: dict[int, list[Execution]] = defaultdict(list)
+    for row in history.executions:
+        if row.trigger == SCHEDULE_TRIGGER and row.attempt == 1 and row.job_id in jobs:
+            fires[row.job_id].append(row)
+    writers = {t.term: t.node_id for t in history.terms}
+    found = []
+    for job_id, rows in fires.items():
+        job = jobs[job_id]
+        grace = job.misfire_grace_seconds
+        for tick in _ticks(rows):
+            at = _tick_instant(tick[0])
+            writer = writers.get(tick[0].term or -1, "")
+            if clock_off(history, writer, at - 10.0, at + 10.0):
+                continue
+            missed = sorted(
+                (r for r in tick if r.scheduled_for <= at), key=lambda r: r.scheduled_for
+            )
+            late = bool(missed) and at - missed[0].scheduled_for > grace + config.timing_tolerance_s
+            if not late:
+                for row in tick:
+                    early = at - row.scheduled_for
+                    if _misfire_skip(row) and early < grace - config.timing_tolerance_s:
+                        found.append(
+                            Violation(
+                                MISFIRE_POLICY,
+                                MSG_EARLY_MISFIRE.format(
+                                    job_id=job_id,
+                                    slot=when(row.scheduled_for),
+                                    late_s=early,
+                                    grace_s=grace,
+                                ),
+                                {"row": row_evidence(row)},
+                            )
+                        )
+                continue
+            ran = [r for r in missed if not _misfire_skip(r)]
+            keep = {RUN_ONCE: 1, SKIP: 0}.get(job.misfire_policy, job.run_all_max)
+            wanted = missed[len(missed) - keep :] if keep else []
+            if [r.id for r in ran] == [r.id for r in wanted]:
+                continue
+            found.append(
+                Violation(
+                    MISFIRE_POLICY,
+                    MSG_MISFIRE.format(
+                        job_id=job_id,
+                        policy=job.misfire_policy,
+                        grace_s=grace,
+                        at=when(at),
+                        missed=len(missed),
+                        ran=len(ran),
+                        expected=f"expected the newest {min(keep, len(missed))}",
+                    ),
+                    {"rows": [row_evidence(r) for r in missed]},
+                )
+            )
+    return found
