@@ -1,4 +1,4 @@
-"""Benchmarks of DESIGN §7 against a real cluster: 3 ``runnode`` processes, MariaDB (or SQLite), a
+"""Benchmarks (docs/benchmarks.md) against a real cluster: 3 ``runnode`` processes, MariaDB (or SQLite), a
 private Redis. Prints numbers, and ratios against the peer (Celery beat + celery-redbeat + a Celery
 worker on the same kind of Redis) when it is installed (``pip install -r requirements-bench.txt``).
 

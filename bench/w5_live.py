@@ -1,4 +1,4 @@
-"""W5 live (DESIGN §7): a state change committed -> the dashboard's WebSocket frame that carries it,
+"""W5 live (docs/benchmarks.md): a state change committed -> the dashboard's WebSocket frame that carries it,
 p50/p95, with 1 and with 100 dashboards open. A measurement, not a test.
 
     python -m bench.w5_live                          # SQLite in a temp dir, 200 commits per phase

@@ -5,10 +5,12 @@ code. Registered when ``SCHEDULER_DEMO_TASKS`` is on (the default; production se
   run's output stream in), returns how many lines it wrote; stops early when cancelled.
 - ``demo_fail``: writes a line, then fails with ``message`` (watch retries and their backoff).
 - ``demo_report``: succeeds with a small result (the run page shows it as JSON).
+- ``demo_flaky``: fails at random with probability ``fail_rate`` (watch retries end in success).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -65,3 +67,30 @@ def demo_report(*, context: TaskContext) -> dict[str, Any]:
     """Succeed with a small result (shows a run's result)."""
     context.log("report ready")
     return {"job": context.job_name, "attempt": context.attempt, "rows": 3, "ok": True}
+
+
+def _check_flaky(args: list, kwargs: dict) -> None:
+    value = dict(zip(("fail_rate",), args, strict=False)) | kwargs
+    rate = value.get("fail_rate")
+    if rate is not None and (
+        isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1
+    ):
+        raise TaskArgumentError(
+            "kwargs" if "fail_rate" in kwargs else "args",
+            f"fail_rate must be a number between 0 and 1, got {rate!r}",
+        )
+
+
+@task(
+    "demo_flaky",
+    takes_context=True,
+    validate=_check_flaky,
+    example={"kwargs": {"fail_rate": 0.5}},
+)
+def demo_flaky(fail_rate: float = 0.5, *, context: TaskContext) -> dict[str, Any]:
+    """Fail at random with probability fail_rate (shows retries that end in success)."""
+    if random.random() < fail_rate:
+        context.log(f"attempt {context.attempt}: unlucky, failing")
+        raise RuntimeError(f"failed at random (fail_rate {fail_rate})")
+    context.log(f"attempt {context.attempt}: succeeded")
+    return {"attempt": context.attempt}

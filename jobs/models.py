@@ -1,4 +1,4 @@
-"""Jobs, their executions and the audit trail (DESIGN §3).
+"""Jobs, their executions and the audit trail (docs/jobs.md, docs/security.md).
 
 Validation of a job's fields lives in ``jobs.validation`` and is run by the services, the API and the
 admin alike; the database adds check and unique constraints as the last line of defence.

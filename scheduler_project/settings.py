@@ -1,6 +1,6 @@
 """Settings, read from the environment.
 
-Every variable read here is documented in README.md ("Configuration"). The defaults give the embedded
+Every variable read here is documented in docs/configuration.md. The defaults give the embedded
 mode: a SQLite file under ``var/`` and database coordination, no Redis needed. Production mode lives in
 ``scheduler_project.settings_production``, which imports this module and refuses insecure values.
 """
@@ -211,9 +211,12 @@ else:
 # --- Tasks: where they come from, what built-in tasks may reach ------------------------------------
 # Extra modules to import for @task registrations, besides every installed app's tasks.py.
 SCHEDULER_TASK_MODULES = env_list("SCHEDULER_TASK_MODULES")
-# The demo tasks (jobs/demo_tasks.py: demo_ticker, demo_fail, demo_report): on in the embedded
-# default, off under the production settings unless asked for.
+# The demo tasks (jobs/demo_tasks.py: demo_ticker, demo_fail, demo_report, demo_flaky): on in the
+# embedded default, off under the production settings unless asked for.
 SCHEDULER_DEMO_TASKS = env_bool("SCHEDULER_DEMO_TASKS", True)
+# Example jobs created by runcluster (make run) on a database that never had a job
+# (jobs/examples.py): on in the embedded default, off under the production settings unless asked.
+SCHEDULER_EXAMPLE_JOBS = env_bool("SCHEDULER_EXAMPLE_JOBS", True)
 
 # --- Failure notifications (jobs/notifications.py) ------------------------------------------------
 # The dashboard's address, for the links in notifications (e.g. https://scheduler.example.com).
@@ -325,7 +328,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Jobs, executions, nodes and the cluster of the distributed job scheduler.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
-    # The schema and docs pages need a login like everything else (DESIGN §8).
+    # The schema and docs pages need a login like everything else (docs/security.md).
     "SERVE_PERMISSIONS": ["jobs.api.permissions.RolePermission"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

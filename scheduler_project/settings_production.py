@@ -33,6 +33,7 @@ if env_bool("DJANGO_DEBUG", False):
     raise ImproperlyConfigured("Production mode refuses DJANGO_DEBUG=1")
 DEBUG = False
 SCHEDULER_DEMO_TASKS = env_bool("SCHEDULER_DEMO_TASKS", False)
+SCHEDULER_EXAMPLE_JOBS = env_bool("SCHEDULER_EXAMPLE_JOBS", False)
 if not os.environ.get("DJANGO_ALLOWED_HOSTS"):
     raise ImproperlyConfigured("Production mode needs DJANGO_ALLOWED_HOSTS (comma-separated)")
 

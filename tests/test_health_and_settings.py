@@ -1,4 +1,5 @@
-"""Health probes, and production settings that are deploy-clean and refuse insecure values (DESIGN §8).
+"""Health probes, and production settings that are deploy-clean and refuse insecure values
+(docs/operations.md, docs/security.md).
 
 The production settings are imported in a subprocess, with the environment passed explicitly:
 they raise at import time, and they must not leak into this test process.

@@ -1,8 +1,8 @@
 """Lists of runs read through an index in their own order: a page of the newest runs costs the same
 however long the history (before, the dashboard's and the API's lists sorted every run: 0.77 s a page
 at 300,000 runs on MariaDB). Checked on the query plans SQLite makes (its planner does not turn to a
-sort for a small table the way MariaDB's cost model may); the figures on MariaDB are in the
-README."""
+sort for a small table the way MariaDB's cost model may); the figures on MariaDB are in
+bench/HISTORY.md."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Benchmark peer (DESIGN §7): Celery beat + celery-redbeat + a Celery worker on one Redis."""
+"""Benchmark peer (docs/benchmarks.md): Celery beat + celery-redbeat + a Celery worker on one Redis."""

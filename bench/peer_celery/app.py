@@ -1,4 +1,4 @@
-"""The benchmark PEER: a Celery app scheduled by celery-redbeat (DESIGN §7).
+"""The benchmark PEER: a Celery app scheduled by celery-redbeat (docs/benchmarks.md).
 
 Configured the way a user would: broker and redbeat on the same Redis, N interval entries in
 ``beat_schedule`` (``"schedule": 1.0`` = every second, Celery's default non-relative interval), the

@@ -1,4 +1,4 @@
-"""Run the Celery + redbeat PEER on workloads W1, W2 and W3 of DESIGN §7 and compute its figures.
+"""Run the Celery + redbeat PEER on workloads W1, W2 and W3 (docs/benchmarks.md) and compute its figures.
 
 Importable by the bench runner::
 

@@ -1,7 +1,7 @@
-"""``runcluster`` (what ``make run`` starts) supervises its processes: a crashed node is restarted,
-a drained node stays stopped while the web server and the other nodes keep running, a taken port is
-a one-line error with a non-zero status, and SIGTERM stops everything with 0. Real processes on a
-SQLite database of the test's own."""
+"""``runcluster`` (what ``make run`` starts) creates the example jobs on a first start and
+supervises its processes: a crashed node is restarted, a drained node stays stopped while the web
+server and the other nodes keep running, a taken port is a one-line error with a non-zero status,
+and SIGTERM stops everything with 0. Real processes on a SQLite database of the test's own."""
 
 from __future__ import annotations
 
@@ -123,6 +123,8 @@ def test_a_crashed_node_is_restarted_and_a_drained_one_stays_down(tmp_path):
         try:
             started = wait_for(lambda: re.search(r"started (.*)", log.read_text()), 30)
             pids = dict(re.findall(r"(\S+) \(pid (\d+)\)", started.group(1)))
+            # A first start on a database that never had a job: the example jobs (jobs/examples.py).
+            assert re.search(r"created \d+ example jobs", log.read_text()), log.read_text()
             wait_for(lambda: answers(port), 30)
             # Each node serves its probes on --metrics-port + its index.
             wait_for(lambda: answers(metrics + 1, "/health/ready"), 30)

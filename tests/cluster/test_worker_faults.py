@@ -1,4 +1,4 @@
-"""Worker faults that need real ``runnode`` processes (DESIGN §4, §6): Redlock at the job level with
+"""Worker faults that need real ``runnode`` processes (docs/guarantees.md): Redlock at the job level with
 real masters lost and restarted, an operator drain through the service (the node's own heartbeat
 sees it and its process exits 0), and a process-isolated run killed at its timeout. Every process is
 stopped in a ``finally`` or a fixture.

@@ -1,4 +1,4 @@
-"""The role matrix of the REST API (DESIGN §8): who may call which endpoint, and what a refusal leaves.
+"""The role matrix of the REST API (docs/security.md): who may call which endpoint, and what a refusal leaves.
 
 anonymous -> 401 everywhere; authenticated without a role -> 403 everywhere; viewer reads;
 operator also triggers, pauses, resumes, cancels, retries and drains; admin does everything.
@@ -101,7 +101,7 @@ def expected_status(role: str, kind: str, allowed_status: int) -> int:
 def _matrix():
     # The schema and docs pages (drf-spectacular views) are included: they take
     # SPECTACULAR_SETTINGS["SERVE_PERMISSIONS"], not DEFAULT_PERMISSION_CLASSES, so they need
-    # their own check that login is required (DESIGN §8: everywhere but health and metrics).
+    # their own check that login is required (docs/security.md: everywhere but health and metrics).
     for role in ROLES:
         for endpoint in ENDPOINTS:
             yield pytest.param(role, *endpoint[1:], id=f"{role}-{endpoint[0]}")

@@ -1,4 +1,4 @@
-"""Bad input (DESIGN §6): every field validated with a clear 4xx naming the field, nothing half-written.
+"""Bad input (docs/api.md): every field validated with a clear 4xx naming the field, nothing half-written.
 
 Every refused request is checked for "nothing written": the Job rows and the audit trail are
 exactly as before. Messages are compared with the named constants of the module that raises them.
@@ -749,7 +749,7 @@ def test_args_over_limit_are_400(admin_api, settings, body, field, size):
     guard.check()
 
 
-# --- what tasks may reach (DESIGN §8) ------------------------------------------------------------
+# --- what tasks may reach (docs/security.md) -----------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,9 @@ logged; a node that exits 0 (drained from the dashboard, or sent SIGTERM) stays 
 rest keep running, which is what lets an operator watch a failover in the embedded mode. The web
 server never goes down with a node. Ctrl-C (or SIGTERM) drains everything and exits 0; the web
 server dying, or the port being taken at start, exits 1 with a one-line message.
+
+On a database that never had a job it first creates a few example jobs (jobs/examples.py) unless
+``SCHEDULER_EXAMPLE_JOBS`` is off, so the dashboard shows runs within seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from django.core.management import get_commands
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
@@ -103,6 +107,7 @@ class Command(BaseCommand):
                     f"metrics port {metrics_port + index} on {host} is already in use: choose "
                     "another --metrics-port"
                 )
+        self._create_examples()
         web = Supervised(
             "web",
             [
@@ -185,6 +190,24 @@ class Command(BaseCommand):
             self.stdout.write("all processes stopped")
         if failure:
             raise CommandError(f"{failure}; stopped everything")
+
+    def _create_examples(self) -> None:
+        """The example jobs on a first start (jobs/examples.py); a database not migrated yet is
+        left to the web server and the nodes to report."""
+        from jobs import examples
+
+        try:
+            created = examples.create_on_first_start()
+        except DatabaseError as exc:
+            self.stderr.write(f"example jobs not created: {exc}")
+            return
+        finally:
+            connections.close_all()  # this process keeps none while it supervises
+        if created:
+            self.stdout.write(
+                f"created {len(created)} example jobs ({', '.join(job.name for job in created)}); "
+                "SCHEDULER_EXAMPLE_JOBS=0 turns this off"
+            )
 
     def _supervise(self, node: Supervised) -> None:
         """Restart a crashed node with backoff; leave a drained one (exit 0) stopped."""
