@@ -54,7 +54,7 @@ RENEW_WARN_EVERY_S = 60.0
 class ElectionConfig:
     """Timing of the election, validated up front.
 
-    The defaults replace a SIGKILLed leader within 3 s (DESIGN §7 W3). Worst case: the dead leader
+    The defaults replace a SIGKILLed leader within 3 s (docs/architecture.md). Worst case: the dead leader
     renewed just before it died, so its lease lives lease_ttl (2000 ms) more; a follower then tries
     within retry_period (250 ms) plus jitter (at most 20 %: 50 ms): takeover <= 2000 + 250 + 50
     = 2300 ms, leaving about 700 ms for round trips and clock skew. The leader renews every
