@@ -301,8 +301,41 @@ class NotificationRuleAdmin(RoleAdminMixin, admin.ModelAdmin):
     list_filter = ["channel", "enabled"]
     search_fields = ["name", "target"]
 
+    # A webhook URL carries its credential: only admins (who edit rules) read it whole, or search
+    # by it; everyone else sees its scheme and host (notifications.redact_url).
+    def _sees_targets(self, request: HttpRequest) -> bool:
+        return has_role(request.user, ADMIN)
+
+    def _shown(self, request: HttpRequest, fields: Any) -> list[str]:
+        if self._sees_targets(request):
+            return list(fields)
+        return ["target_redacted" if f == "target" else f for f in fields]
+
+    @admin.display(description="target")
+    def target_redacted(self, obj: NotificationRule) -> str:
+        return notifications.redact_url(obj.target)
+
+    def get_list_display(self, request: HttpRequest) -> list[str]:
+        return self._shown(request, super().get_list_display(request))
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return self._shown(request, super().get_fields(request, obj))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        extra = [] if self._sees_targets(request) else ["target_redacted"]
+        return [*super().get_readonly_fields(request, obj), *extra]
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        fields = super().get_search_fields(request)
+        return list(fields) if self._sees_targets(request) else [f for f in fields if f != "target"]
+
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
+
+        def shown(field: str, value: Any) -> str:
+            # Everyone reads the audit log: a webhook URL is recorded without its credential.
+            return notifications.redact_url(str(value)) if field == "target" else str(value)
+
         services.audit_record(
             by=admin_actor(request),
             action="notification_rule.update" if change else "notification_rule.create",
@@ -312,8 +345,8 @@ class NotificationRuleAdmin(RoleAdminMixin, admin.ModelAdmin):
             # Before and after of each changed field (before: what the form was opened with).
             changes={
                 field: [
-                    None if not change else str(form.initial.get(field)),
-                    str(form.cleaned_data.get(field)),
+                    None if not change else shown(field, form.initial.get(field)),
+                    shown(field, form.cleaned_data.get(field)),
                 ]
                 for field in form.changed_data
             },
