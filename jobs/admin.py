@@ -165,13 +165,34 @@ class JobAdmin(RoleAdminMixin, admin.ModelAdmin):
             count += 1
         self.message_user(request, f"{verb} {count} job(s).", messages.SUCCESS)
 
+    def _set_enabled(
+        self, request: HttpRequest, queryset: QuerySet[Job], enabled: bool, verb: str, why: str
+    ) -> None:
+        """Count only the jobs this changed; name the ones that already were so."""
+        changed, unchanged = 0, []
+        for job_id in queryset.values_list("pk", flat=True):
+            job, did = services.job_set_enabled(
+                job_id=job_id, enabled=enabled, by=admin_actor(request)
+            )
+            if did:
+                changed += 1
+            else:
+                unchanged.append(job.name)
+        self.message_user(request, f"{verb} {changed} job(s).", messages.SUCCESS)
+        if unchanged:
+            self.message_user(
+                request,
+                f"Unchanged {len(unchanged)} job(s) ({why}): {', '.join(unchanged)}.",
+                messages.INFO,
+            )
+
     @admin.action(description="Pause selected jobs", permissions=["operate"])
     def pause_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._each(request, queryset, services.job_pause, "Paused")
+        self._set_enabled(request, queryset, False, "Paused", "already paused")
 
     @admin.action(description="Resume selected jobs", permissions=["operate"])
     def resume_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._each(request, queryset, services.job_resume, "Resumed")
+        self._set_enabled(request, queryset, True, "Resumed", "not paused")
 
     @admin.action(description="Run selected jobs now", permissions=["operate"])
     def trigger_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
