@@ -123,6 +123,8 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("SCHEDULER_LOGIN_LOCKOUT_MINUTES",
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_HTTP_RESPONSE_CODE = 429
+# 429 with Retry-After, JSON for API clients and an HTML page for browsers (axes: plain text).
+AXES_LOCKOUT_CALLABLE = "scheduler_project.lockout.lockout_response"
 AXES_VERBOSE = False
 
 ROOT_URLCONF = "scheduler_project.urls"
