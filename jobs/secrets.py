@@ -51,9 +51,9 @@ _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 URL_WITH_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@", re.IGNORECASE)
 ENV_PREFIX = "SCHEDULER_SECRET_"
 
-ERR_PLAIN = 'looks like a credential: pass it as {{"$secret": "NAME"}} (see the README, Secrets)'
+ERR_PLAIN = 'looks like a credential: pass it as {"$secret": "NAME"} (see the README, Secrets)'
 ERR_URL_PASSWORD = (
-    'a URL with a password in it: move the password to a secret ({{"$secret": "NAME"}}) or a header'
+    'a URL with a password in it: move the password to a secret ({"$secret": "NAME"}) or a header'
 )
 ERR_NAME = "secret names are upper-case letters, digits and _ (starting with a letter), up to 64"
 ERR_REFERENCE = '{"$secret": ...} takes exactly one key, the secret\'s name'
