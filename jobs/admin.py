@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse
 
 from jobs import notifications, services, tokens
 from jobs.definition import RULES, WRITABLE_FIELDS
+from jobs.forms import DepthSafeJSONField
 from jobs.models import (
     ApiToken,
     AuditEvent,
@@ -73,6 +74,7 @@ class JobAdminForm(forms.ModelForm):
     class Meta:
         model = Job
         fields = [f for f in WRITABLE_FIELDS]
+        field_classes = {"args": DepthSafeJSONField, "kwargs": DepthSafeJSONField}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
