@@ -172,6 +172,7 @@ class Finisher:
                                 "scheduler.outcome": outcome.status,
                                 "scheduler.written": outcome.run.execution.pk in won,
                             },
+                            parent_span_id=tracing.node_parent(outcome.run.execution),
                         )
             except (OperationalError, InterfaceError) as exc:
                 connection.close()  # reconnect on the next try
