@@ -1,7 +1,9 @@
 """Django admin for jobs, executions and the audit trail.
 
 Every change goes through jobs.services (so it is validated the same way as the API and audited);
-roles decide what a staff user may do: viewer reads, operator runs actions, admin edits.
+roles decide what a staff user may do: viewer reads, operator runs actions, admin edits. Users and
+groups keep Django's own admin (and its permissions: a superuser edits them), with every create,
+change and delete audited too.
 """
 
 from __future__ import annotations
@@ -10,11 +12,18 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.contrib.admin.utils import unquote
+from django.contrib.auth import admin as auth_admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import is_password_usable
+from django.contrib.auth.models import Group
+from django.db import transaction
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse
 
 from jobs import notifications, services, tokens
 from jobs.definition import RULES, WRITABLE_FIELDS
+from jobs.forms import DepthSafeJSONField
 from jobs.models import (
     ApiToken,
     AuditEvent,
@@ -25,7 +34,7 @@ from jobs.models import (
     NotificationEvent,
     NotificationRule,
 )
-from jobs.roles import ADMIN, OPERATOR, VIEWER, has_role
+from jobs.roles import ADMIN, OPERATOR, VIEWER, has_role, user_role
 from jobs.validation import JobValidationError, clean_job
 
 
@@ -65,6 +74,7 @@ class JobAdminForm(forms.ModelForm):
     class Meta:
         model = Job
         fields = [f for f in WRITABLE_FIELDS]
+        field_classes = {"args": DepthSafeJSONField, "kwargs": DepthSafeJSONField}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -157,13 +167,34 @@ class JobAdmin(RoleAdminMixin, admin.ModelAdmin):
             count += 1
         self.message_user(request, f"{verb} {count} job(s).", messages.SUCCESS)
 
+    def _set_enabled(
+        self, request: HttpRequest, queryset: QuerySet[Job], enabled: bool, verb: str, why: str
+    ) -> None:
+        """Count only the jobs this changed; name the ones that already were so."""
+        changed, unchanged = 0, []
+        for job_id in queryset.values_list("pk", flat=True):
+            job, did = services.job_set_enabled(
+                job_id=job_id, enabled=enabled, by=admin_actor(request)
+            )
+            if did:
+                changed += 1
+            else:
+                unchanged.append(job.name)
+        self.message_user(request, f"{verb} {changed} job(s).", messages.SUCCESS)
+        if unchanged:
+            self.message_user(
+                request,
+                f"Unchanged {len(unchanged)} job(s) ({why}): {', '.join(unchanged)}.",
+                messages.INFO,
+            )
+
     @admin.action(description="Pause selected jobs", permissions=["operate"])
     def pause_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._each(request, queryset, services.job_pause, "Paused")
+        self._set_enabled(request, queryset, False, "Paused", "already paused")
 
     @admin.action(description="Resume selected jobs", permissions=["operate"])
     def resume_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._each(request, queryset, services.job_resume, "Resumed")
+        self._set_enabled(request, queryset, True, "Resumed", "not paused")
 
     @admin.action(description="Run selected jobs now", permissions=["operate"])
     def trigger_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
@@ -293,8 +324,41 @@ class NotificationRuleAdmin(RoleAdminMixin, admin.ModelAdmin):
     list_filter = ["channel", "enabled"]
     search_fields = ["name", "target"]
 
+    # A webhook URL carries its credential: only admins (who edit rules) read it whole, or search
+    # by it; everyone else sees its scheme and host (notifications.redact_url).
+    def _sees_targets(self, request: HttpRequest) -> bool:
+        return has_role(request.user, ADMIN)
+
+    def _shown(self, request: HttpRequest, fields: Any) -> list[str]:
+        if self._sees_targets(request):
+            return list(fields)
+        return ["target_redacted" if f == "target" else f for f in fields]
+
+    @admin.display(description="target")
+    def target_redacted(self, obj: NotificationRule) -> str:
+        return notifications.redact_url(obj.target)
+
+    def get_list_display(self, request: HttpRequest) -> list[str]:
+        return self._shown(request, super().get_list_display(request))
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return self._shown(request, super().get_fields(request, obj))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        extra = [] if self._sees_targets(request) else ["target_redacted"]
+        return [*super().get_readonly_fields(request, obj), *extra]
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        fields = super().get_search_fields(request)
+        return list(fields) if self._sees_targets(request) else [f for f in fields if f != "target"]
+
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
+
+        def shown(field: str, value: Any) -> str:
+            # Everyone reads the audit log: a webhook URL is recorded without its credential.
+            return notifications.redact_url(str(value)) if field == "target" else str(value)
+
         services.audit_record(
             by=admin_actor(request),
             action="notification_rule.update" if change else "notification_rule.create",
@@ -304,8 +368,8 @@ class NotificationRuleAdmin(RoleAdminMixin, admin.ModelAdmin):
             # Before and after of each changed field (before: what the form was opened with).
             changes={
                 field: [
-                    None if not change else str(form.initial.get(field)),
-                    str(form.cleaned_data.get(field)),
+                    None if not change else shown(field, form.initial.get(field)),
+                    shown(field, form.cleaned_data.get(field)),
                 ]
                 for field in form.changed_data
             },
@@ -335,3 +399,143 @@ class NotificationAdmin(RoleAdminMixin, admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in Notification._meta.fields]
+
+
+# --- users and groups: Django's admin, audited ------------------------------------------------------
+
+PASSWORD_SET = "(set)"  # what the audit log says of a password: never the password or its hash
+PASSWORD_CHANGED = "(changed)"
+PASSWORD_UNUSABLE = "(unusable)"
+USER_FIELDS = (
+    "username",
+    "first_name",
+    "last_name",
+    "email",
+    "is_active",
+    "is_staff",
+    "is_superuser",
+)
+_EMPTY = (None, "", [])
+
+
+def _permission_names(permissions: QuerySet) -> list[str]:
+    return sorted(
+        f"{p.content_type.app_label}.{p.codename}"
+        for p in permissions.select_related("content_type")
+    )
+
+
+def user_snapshot(user: Any) -> dict[str, Any]:
+    """What the audit log records of a user (as stored): its flags, groups, permissions and the
+    scheduler role they make."""
+    fresh = type(user)._default_manager.get(pk=user.pk)  # no cached role, the saved groups
+    snapshot = {field: getattr(fresh, field) for field in USER_FIELDS}
+    snapshot["groups"] = sorted(fresh.groups.values_list("name", flat=True))
+    snapshot["user_permissions"] = _permission_names(fresh.user_permissions.all())
+    snapshot["role"] = user_role(fresh)
+    return snapshot
+
+
+def group_snapshot(group: Group) -> dict[str, Any]:
+    fresh = Group.objects.get(pk=group.pk)
+    return {
+        "name": fresh.name,
+        "permissions": _permission_names(fresh.permissions.all()),
+        # Never edited on the group's page, so only a delete reports them: it takes their role.
+        "members": sorted(fresh.user_set.values_list("username", flat=True)),
+    }
+
+
+class AuditedAdminMixin:
+    """Audit rows (source admin) for a model admin's create, change and delete: the before and after
+    of each field of ``snapshot`` that changed. Read after the form's many-to-many fields are saved
+    (``save_related``), so group and permission changes are in it; a save that changed nothing
+    writes no row."""
+
+    audit_type: str
+    snapshot: Any  # (obj) -> dict[str, Any]
+
+    def _audit(self, request: HttpRequest, action: str, obj: Model, changes: dict) -> None:
+        services.audit_record(
+            by=admin_actor(request),
+            action=f"{self.audit_type}.{action}",
+            object_type=self.audit_type,
+            object_id=obj.pk,
+            object_repr=str(obj),
+            changes=changes,
+        )
+
+    def created_changes(self, obj: Model) -> dict[str, list]:
+        return {}
+
+    def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
+        # The form has already written its values onto ``obj``: "before" is read from the database.
+        request._audit_before = type(self).snapshot(obj) if change else {}
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        obj = form.instance
+        after = type(self).snapshot(obj)
+        if change:
+            before = getattr(request, "_audit_before", {})
+            changes = {k: [before.get(k), v] for k, v in after.items() if before.get(k) != v}
+            if changes:
+                self._audit(request, "update", obj, changes)
+        else:
+            changes = {k: [None, v] for k, v in after.items() if v not in _EMPTY}
+            self._audit(request, "create", obj, {**changes, **self.created_changes(obj)})
+
+    def _audit_deletes(self, request: HttpRequest, objs: Any) -> None:
+        # Written before the rows go (an admin deleting their own user is still the actor).
+        for obj in objs:
+            before = type(self).snapshot(obj)
+            self._audit(
+                request, "delete", obj, {k: [v, None] for k, v in before.items() if v not in _EMPTY}
+            )
+
+    def delete_model(self, request: HttpRequest, obj: Model) -> None:
+        with transaction.atomic():
+            self._audit_deletes(request, [obj])
+            super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        with transaction.atomic():
+            self._audit_deletes(request, list(queryset))
+            super().delete_queryset(request, queryset)
+
+
+class AuditedUserAdmin(AuditedAdminMixin, auth_admin.UserAdmin):
+    audit_type = "user"
+    snapshot = staticmethod(user_snapshot)
+
+    def created_changes(self, obj: Model) -> dict[str, list]:
+        usable = is_password_usable(obj.password)
+        return {"password": [None, PASSWORD_SET if usable else PASSWORD_UNUSABLE]}
+
+    def user_change_password(
+        self, request: HttpRequest, id: str, form_url: str = ""
+    ) -> HttpResponse:
+        user = self.get_object(request, unquote(id))
+        with transaction.atomic():
+            response = super().user_change_password(request, id, form_url)
+            if user is not None and request.method == "POST":
+                after = type(user)._default_manager.get(pk=user.pk).password
+                if after != user.password:
+                    before = (
+                        PASSWORD_SET if is_password_usable(user.password) else PASSWORD_UNUSABLE
+                    )
+                    now = PASSWORD_CHANGED if is_password_usable(after) else PASSWORD_UNUSABLE
+                    self._audit(request, "update", user, {"password": [before, now]})
+        return response
+
+
+class AuditedGroupAdmin(AuditedAdminMixin, auth_admin.GroupAdmin):
+    audit_type = "group"
+    snapshot = staticmethod(group_snapshot)
+
+
+for _model, _admin in ((get_user_model(), AuditedUserAdmin), (Group, AuditedGroupAdmin)):
+    if admin.site.is_registered(_model):
+        admin.site.unregister(_model)
+    admin.site.register(_model, _admin)

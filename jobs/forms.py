@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
+from django.forms.fields import InvalidJSONInput
 from django.utils.dateparse import parse_datetime
 
 from jobs import registry
@@ -34,6 +35,7 @@ from jobs.definition import (
 from jobs.models import Job, ScheduleType
 
 ERR_BAD_JSON = "Must be valid JSON ({reason})."
+ERR_JSON_TOO_DEEP = "Must be valid JSON: this is nested deeper than any job's arguments may be."
 ERR_BAD_DATETIME = "Enter a date and time, e.g. 2026-12-01 10:00."
 # The value datetime-local inputs accept and show: seconds kept, so an unchanged run_at round-trips.
 DATETIME_LOCAL_FORMAT = "%Y-%m-%dT%H:%M:%S"
@@ -68,6 +70,25 @@ class JsonTextField(forms.CharField):
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(ERR_BAD_JSON.format(reason=exc.msg)) from exc
+        except RecursionError as exc:  # the depth itself is clean_job's to refuse
+            raise forms.ValidationError(ERR_JSON_TOO_DEEP) from exc
+
+
+class DepthSafeJSONField(forms.JSONField):
+    """Django's form JSONField, with JSON nested past Python's recursion limit a form error (it
+    was a RecursionError, a 500, when parsed and again when the form was shown back)."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError as exc:
+            raise forms.ValidationError(ERR_JSON_TOO_DEEP) from exc
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
 
 
 class LocalDateTimeField(forms.CharField):

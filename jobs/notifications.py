@@ -79,6 +79,26 @@ def check_rule(*, events: Any, channel: str, target: str) -> dict[str, list[str]
     return errors
 
 
+def redact_url(target: str) -> str:
+    """A webhook URL as anyone but an admin may read it: its scheme, host and port. Its user and
+    password, path, query and fragment (where webhook services put their credential) become "…".
+    Anything that is not an http(s) URL (e-mail addresses) is returned as it is."""
+    try:
+        parts = urlsplit(target.strip())
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return target if parts is not None else "…"
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    shown = f"{parts.scheme}://{'…@' if '@' in parts.netloc else ''}{host}"
+    if port is not None:
+        shown += f":{port}"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return f"{shown}/…"
+    return shown + parts.path
+
+
 def email_addresses(target: str) -> list[str]:
     return [part.strip() for part in target.split(",") if part.strip()]
 

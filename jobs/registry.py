@@ -54,7 +54,7 @@ class Parameter:
 class TaskSpec:
     name: str
     func: Callable[..., Any]
-    description: str  # first line of the docstring
+    description: str  # the docstring's first paragraph (its summary), on one line
     takes_context: bool  # if True the executor passes context=TaskContext(...) as a keyword
     validate: Validator | None  # raises TaskArgumentError for bad args at job-creation time
     # An example call: {"args": [...], "kwargs": {...}} (the job form offers it).
@@ -158,11 +158,16 @@ _discover_lock = threading.RLock()
 
 
 def _description(func: Callable[..., Any]) -> str:
+    """The docstring's summary: its first paragraph (up to the first blank line), on one line. A
+    summary sentence often wraps onto a second line; its first line alone is cut mid-sentence."""
     doc = inspect.getdoc(func) or ""
+    summary: list[str] = []
     for line in doc.splitlines():
         if line.strip():
-            return line.strip()
-    return ""
+            summary.append(line.strip())
+        elif summary:
+            break
+    return " ".join(summary)
 
 
 def _accepts_context_keyword(func: Callable[..., Any]) -> bool:

@@ -52,10 +52,10 @@ URL_WITH_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@", re.IG
 ENV_PREFIX = "SCHEDULER_SECRET_"
 
 ERR_PLAIN = (
-    'looks like a credential: pass it as {{"$secret": "NAME"}} (see docs/security.md, Secrets)'
+    'looks like a credential: pass it as {"$secret": "NAME"} (see docs/security.md, Secrets)'
 )
 ERR_URL_PASSWORD = (
-    'a URL with a password in it: move the password to a secret ({{"$secret": "NAME"}}) or a header'
+    'a URL with a password in it: move the password to a secret ({"$secret": "NAME"}) or a header'
 )
 ERR_NAME = "secret names are upper-case letters, digits and _ (starting with a letter), up to 64"
 ERR_REFERENCE = '{"$secret": ...} takes exactly one key, the secret\'s name'

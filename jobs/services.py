@@ -351,11 +351,16 @@ def job_update(
 
 
 @retry_on_conflict
-def _job_set_enabled(*, job_id: int, enabled: bool, by: Actor, now: datetime) -> Job:
+def job_set_enabled(
+    *, job_id: int, enabled: bool, by: Actor, now: datetime | None = None
+) -> tuple[Job, bool]:
+    """Pause (``enabled=False``) or resume a job; the job, and whether this call changed it (False:
+    it already was so, nothing is written or audited). Bulk actions report only the changed."""
+    now = now or timezone.now()
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.enabled == enabled:
-            return job
+            return job, False
         values = job_snapshot(job)
         values["enabled"] = enabled
         next_fire = job_first_fire(values, now=now, last_fire=job.last_fire_at) if enabled else None
@@ -379,15 +384,15 @@ def _job_set_enabled(*, job_id: int, enabled: bool, by: Actor, now: datetime) ->
         )
         events.send_after_commit(events.job_changed, job_id=job_id, change=f"{action}d")
     job.refresh_from_db()
-    return job
+    return job, True
 
 
 def job_pause(*, job_id: int, by: Actor, now: datetime | None = None) -> Job:
-    return _job_set_enabled(job_id=job_id, enabled=False, by=by, now=now or timezone.now())
+    return job_set_enabled(job_id=job_id, enabled=False, by=by, now=now)[0]
 
 
 def job_resume(*, job_id: int, by: Actor, now: datetime | None = None) -> Job:
-    return _job_set_enabled(job_id=job_id, enabled=True, by=by, now=now or timezone.now())
+    return job_set_enabled(job_id=job_id, enabled=True, by=by, now=now)[0]
 
 
 @retry_on_conflict

@@ -55,6 +55,9 @@ ERR_CHOICE = "{value!r} is not one of: {choices}."
 ERR_NOT_FOR_TYPE = "Only allowed for a {kind} schedule."
 ERR_ONCE_IN_PAST = "Is in the past ({value}); a one-off job must be due now or later."
 ERR_ARGS_TOO_LARGE = "Serialized arguments are {size} bytes; the limit is {limit} bytes."
+ERR_ARGS_TOO_DEEP = (
+    "Arguments are nested deeper than {limit} levels (lists and objects in each other)."
+)
 ERR_SPREAD_VS_INTERVAL = "Must be smaller than interval_seconds ({interval})."
 ERR_UNKNOWN_FIELD = "Unknown field."
 ERR_NUL = "Contains a NUL character (U+0000)."
@@ -233,10 +236,40 @@ def _datetime(errors: _Errors, field: str, value: Any) -> datetime | None:
     return parsed
 
 
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and objects in ``value`` nest more than ``limit`` levels (a list is level 1,
+    a list in it level 2; scalars add none). A loop, not recursion: safe at any depth."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _call_arguments(errors: _Errors, task: str | None, args: Any, kwargs: Any) -> None:
     """A task call's arguments: they must bind to the task (when it is known) and stay within
-    SCHEDULER_MAX_ARGS_BYTES each, as JSON; a credential in them must be a secret reference
-    (``jobs.secrets``), checked against the task with a stand-in for the secret."""
+    SCHEDULER_MAX_ARGS_BYTES each, as JSON, and SCHEDULER_MAX_ARGS_DEPTH levels of nesting; a
+    credential in them must be a secret reference (``jobs.secrets``), checked against the task
+    with a stand-in for the secret."""
+    # First: the checks below walk the values recursively (a RecursionError, a 500, when deep).
+    depth = settings.SCHEDULER_MAX_ARGS_DEPTH
+    too_deep = [
+        field
+        for field, value in (("args", args), ("kwargs", kwargs))
+        if nested_deeper_than(value, depth)
+    ]
+    for field in too_deep:
+        errors.add(field, ERR_ARGS_TOO_DEEP.format(limit=depth))
+    if too_deep:
+        return
     plain = [
         problem
         for field, value in (("args", args), ("kwargs", kwargs))
@@ -306,6 +339,8 @@ def clean_enqueued_run(
     # A run may use only the secrets its job (defined by an admin) already uses: enqueueing is an
     # operator's right, and an operator must not be able to have any node secret printed.
     for field, value in (("args", args), ("kwargs", kwargs)):
+        if field in errors.by_field:
+            continue  # e.g. nested too deep to walk
         wanted = secrets.referenced(value)
         if not wanted:
             continue

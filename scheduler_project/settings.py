@@ -123,6 +123,8 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("SCHEDULER_LOGIN_LOCKOUT_MINUTES",
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_HTTP_RESPONSE_CODE = 429
+# 429 with Retry-After, JSON for API clients and an HTML page for browsers (axes: plain text).
+AXES_LOCKOUT_CALLABLE = "scheduler_project.lockout.lockout_response"
 AXES_VERBOSE = False
 
 ROOT_URLCONF = "scheduler_project.urls"
@@ -256,6 +258,14 @@ SCHEDULER_ALLOWED_COMMANDS = env_list("SCHEDULER_ALLOWED_COMMANDS")
 # Largest JSON request body the API accepts, and largest args/kwargs a job may carry.
 SCHEDULER_MAX_REQUEST_BYTES = env_int("SCHEDULER_MAX_REQUEST_BYTES", 256 * 1024)
 SCHEDULER_MAX_ARGS_BYTES = env_int("SCHEDULER_MAX_ARGS_BYTES", 64 * 1024)
+# How deep a job's (or a run's) args/kwargs may nest lists and objects (args itself is level 1); a
+# JSON body may nest a few levels more (the job or run around them). Far below Python's recursion
+# limit: deeper input was a RecursionError (a 500) in the checks that walk it.
+SCHEDULER_MAX_ARGS_DEPTH = env_int("SCHEDULER_MAX_ARGS_DEPTH", 32)
+if not 1 <= SCHEDULER_MAX_ARGS_DEPTH <= 200:
+    raise ImproperlyConfigured(
+        f"SCHEDULER_MAX_ARGS_DEPTH must be between 1 and 200, got {SCHEDULER_MAX_ARGS_DEPTH}"
+    )
 # API keys expire this many days after they are issued unless issued with another lifetime (0:
 # never). Only their SHA-256 digest is stored.
 SCHEDULER_TOKEN_TTL_DAYS = env_int("SCHEDULER_TOKEN_TTL_DAYS", 90)

@@ -67,6 +67,34 @@ def test_an_operator_pauses_three_jobs_at_once(jobs, as_role) -> None:
     assert _messages(response) == ["3 jobs paused: “bulk-0”, “bulk-1”, “bulk-2”."]
 
 
+@pytest.mark.parametrize(
+    ("action", "already", "done", "audited", "why"),
+    [
+        ("pause", False, "paused", "job.pause", "already paused"),
+        ("resume", True, "resumed", "job.resume", "not paused"),
+    ],
+)
+def test_bulk_pause_and_resume_report_only_the_jobs_they_changed(
+    jobs, as_role, action, already, done, audited, why
+) -> None:
+    """A job already in the asked state is not counted as changed: it is named apart."""
+    for job in jobs[:3]:
+        Job.objects.filter(pk=job.pk).update(enabled=not already)
+    Job.objects.filter(pk=jobs[1].pk).update(enabled=already)
+    ids = [str(job.pk) for job in jobs[:3]]
+    response = as_role("operator").post("/jobs/bulk/", {"action": action, "ids": ids})
+    assert response.status_code == 302
+    assert Job.objects.filter(pk__in=ids, enabled=already).count() == 3
+    assert AuditEvent.objects.filter(action=audited).count() == 2
+    assert _messages(response) == [
+        f"2 jobs {done}: “bulk-0”, “bulk-2”.",
+        f"Unchanged 1 ({why}): “bulk-1”.",
+    ]
+    # Nothing to change at all: no success message.
+    response = as_role("operator").post("/jobs/bulk/", {"action": action, "ids": ids[1:2]})
+    assert _messages(response) == [f"Unchanged 1 ({why}): “bulk-1”."]
+
+
 def test_a_job_that_cannot_take_the_action_is_skipped_and_named(jobs, as_role) -> None:
     operator = as_role("operator")
     response = operator.post(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
+from django.db.models import F
 from django.test import Client
 
 pytestmark = pytest.mark.django_db
@@ -54,3 +55,72 @@ def test_a_success_before_the_limit_clears_the_count(make_user):
     for _ in range(settings.AXES_FAILURE_LIMIT - 1):
         assert attempt(client, "/login/", user.username, "wrong") == 200
     assert attempt(client, "/login/", user.username, PASSWORD) == 302
+
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+
+def lock_out(client: Client, url: str, username: str, **headers: str):
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        client.post(url, {"username": username, "password": "wrong"}, **headers)
+    return client.post(url, {"username": username, "password": "wrong"}, **headers)
+
+
+@pytest.mark.parametrize("url", SURFACES)
+def test_a_locked_out_browser_gets_a_429_page_with_retry_after(url, make_user):
+    user = make_user("viewer", "locked")
+    client = Client(REMOTE_ADDR="203.0.113.8")
+    cool_off = int(settings.AXES_COOLOFF_TIME.total_seconds())
+    for response in (
+        lock_out(client, url, user.username, HTTP_ACCEPT=BROWSER_ACCEPT),
+        client.post(
+            url, {"username": user.username, "password": PASSWORD}, HTTP_ACCEPT=BROWSER_ACCEPT
+        ),
+    ):
+        assert response.status_code == 429
+        assert 0 < int(response["Retry-After"]) <= cool_off
+        assert response["Content-Type"].startswith("text/html")
+        body = response.content.decode()
+        assert "<!doctype html>" in body.lower()
+        assert "Too many failed sign-in attempts" in body
+        assert f"{cool_off // 60} minutes" in body
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"HTTP_ACCEPT": "application/json"},
+        {"HTTP_ACCEPT": "*/*"},  # an API client that names no type (curl)
+        {"HTTP_X_REQUESTED_WITH": "XMLHttpRequest", "HTTP_ACCEPT": BROWSER_ACCEPT},
+    ],
+    ids=["json", "any", "xhr"],
+)
+def test_a_locked_out_api_client_gets_a_json_429_with_retry_after(headers, make_user):
+    user = make_user("viewer", "scripted")
+    client = Client(REMOTE_ADDR="203.0.113.9")
+    response = lock_out(client, "/api-auth/login/", user.username, **headers)
+    assert response.status_code == 429
+    retry_after = int(response["Retry-After"])
+    assert 0 < retry_after <= int(settings.AXES_COOLOFF_TIME.total_seconds())
+    assert response["Content-Type"] == "application/json"
+    body = response.json()
+    assert body["code"] == "locked_out"
+    assert body["retry_after"] == retry_after
+    assert "Too many failed sign-in attempts" in body["detail"]
+
+
+def test_retry_after_counts_down_from_the_last_refused_attempt(make_user, settings):
+    """With the cool-off not restarted by attempts during a lockout, Retry-After is what is left."""
+    from datetime import timedelta
+
+    from axes.models import AccessAttempt
+
+    settings.AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+    user = make_user("viewer", "waiting")
+    client = Client(REMOTE_ADDR="203.0.113.10")
+    lock_out(client, "/login/", user.username)
+    AccessAttempt.objects.update(attempt_time=F("attempt_time") - timedelta(minutes=5))
+    response = client.post("/login/", {"username": user.username, "password": PASSWORD})
+    assert response.status_code == 429
+    left = int(settings.AXES_COOLOFF_TIME.total_seconds()) - 300
+    assert left - 5 <= int(response["Retry-After"]) <= left

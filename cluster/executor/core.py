@@ -338,15 +338,7 @@ class Executor:
         )
         node_metrics.claim(len(claimed), time.monotonic() - began)
         if claimed and tracing.enabled():
-            claim_end = self.clock.now()
-            for execution in claimed:
-                tracing.span(
-                    "claim",
-                    execution.pk,
-                    start=now,
-                    end=claim_end,
-                    attributes={"scheduler.node": self.node_id, "scheduler.batch": len(claimed)},
-                )
+            tracing.claims(claimed, start=now, end=self.clock.now(), node=self.node_id)
         # Behind: every slot asked for was filled, and with runs due already (not claimed ahead
         # of their instant): more are likely waiting.
         behind = (
@@ -393,6 +385,7 @@ class Executor:
         attributes = {"scheduler.node": self.node_id, "scheduler.job": execution.job.name}
         if outcome.started is None:
             return  # ended before its body started: no start, no run
+        parent = tracing.node_parent(execution)  # this node's claim span
         if execution.claimed_at is not None:
             tracing.span(
                 "start",
@@ -400,6 +393,7 @@ class Executor:
                 start=execution.claimed_at,
                 end=outcome.started,
                 attributes={**attributes, "scheduler.due": outcome.run.due},
+                parent_span_id=parent,
             )
         tracing.span(
             "run",
@@ -408,6 +402,7 @@ class Executor:
             end=outcome.ended or self.clock.now(),
             attributes={**attributes, "scheduler.outcome": outcome.status},
             error=outcome.error or None,
+            parent_span_id=parent,
         )
 
     def _startable_at_claim(self, claimed: list[JobExecution]) -> list[JobExecution]:

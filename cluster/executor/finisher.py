@@ -214,6 +214,7 @@ class Finisher:
                         "scheduler.outcome": outcome.status,
                         "scheduler.written": outcome.run.execution.pk in won,
                     },
+                    parent_span_id=tracing.node_parent(outcome.run.execution),
                 )
 
     def _now(self) -> datetime:

@@ -25,11 +25,23 @@ from jobs.services import ActionNotAllowed, VersionConflict
 MAX_BULK = 500
 
 
+class Unchanged(Exception):
+    """The object already was as the action would leave it: not counted as done."""
+
+
+def _set_enabled(enabled: bool, why: str) -> Callable[..., Any]:
+    def service(*, job_id: int, by: services.Actor) -> None:
+        if not services.job_set_enabled(job_id=job_id, enabled=enabled, by=by)[1]:
+            raise Unchanged(why)
+
+    return service
+
+
 JOB_BULK_ACTIONS: dict[str, tuple[str, Callable[..., Any], str]] = {
-    # action: (role, service, past tense)
+    # action: (role, service, past tense); a service raises Unchanged for an object it left as it was
     "trigger": (OPERATOR, services.job_trigger, "queued to run"),
-    "pause": (OPERATOR, services.job_pause, "paused"),
-    "resume": (OPERATOR, services.job_resume, "resumed"),
+    "pause": (OPERATOR, _set_enabled(False, "already paused"), "paused"),
+    "resume": (OPERATOR, _set_enabled(True, "not paused"), "resumed"),
     "delete": (ADMIN, services.job_delete, "deleted"),
 }
 
@@ -74,6 +86,7 @@ def _bulk(
     argument = f"{noun}_id"
     succeeded: list[str] = []
     skipped: list[str] = []
+    unchanged: dict[str, list[str]] = {}  # why: labels
     for pk in ids:
         obj = objects.get(pk)
         if obj is None:
@@ -81,6 +94,8 @@ def _bulk(
             continue
         try:
             service(**{argument: pk}, by=ui_actor(request))
+        except Unchanged as exc:
+            unchanged.setdefault(str(exc), []).append(label(obj))
         except (ActionNotAllowed, VersionConflict, model.DoesNotExist) as exc:
             skipped.append(f"{label(obj)} ({exc})" if str(exc) else label(obj))
         else:
@@ -88,6 +103,8 @@ def _bulk(
     plural = noun if len(succeeded) == 1 else f"{noun}s"
     if succeeded:
         messages.success(request, f"{len(succeeded)} {plural} {done}: {', '.join(succeeded)}.")
+    for why, labels in unchanged.items():
+        messages.info(request, f"Unchanged {len(labels)} ({why}): {', '.join(labels)}.")
     if skipped:
         messages.warning(request, f"Skipped {len(skipped)}: {'; '.join(skipped)}.")
     return redirect_back(request, default)

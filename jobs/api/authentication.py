@@ -10,6 +10,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
 from jobs import tokens
+from jobs.api.throttling import throttle_anonymous
 
 KEYWORD = "Token"
 ERR_MALFORMED = "Invalid token header: give 'Token <key>'."
@@ -20,6 +21,15 @@ ERR_INACTIVE = "User inactive or deleted."
 
 class HashedTokenAuthentication(BaseAuthentication):
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
+        try:
+            return self._authenticate(request)
+        except AuthenticationFailed:
+            # A refused key counts against the anonymous rate first: 429 past it (no unlimited
+            # guessing), else the 401.
+            throttle_anonymous(request, (request.parser_context or {}).get("view"))
+            raise
+
+    def _authenticate(self, request: Request) -> tuple[Any, Any] | None:
         parts = get_authorization_header(request).split()
         if not parts or parts[0].lower() != KEYWORD.lower().encode():
             return None

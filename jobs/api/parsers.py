@@ -1,4 +1,5 @@
-"""A JSON parser that refuses bodies over SCHEDULER_MAX_REQUEST_BYTES (413) and non-standard JSON."""
+"""A JSON parser that refuses bodies over SCHEDULER_MAX_REQUEST_BYTES (413), non-standard JSON and
+JSON nested deeper than a job's arguments may be plus the few levels around them (400)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,19 @@ from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
 
+from jobs.validation import nested_deeper_than
+
 ERR_TOO_LARGE = "Request body is larger than {limit} bytes."
+ERR_TOO_DEEP = (
+    "JSON parse error - nested deeper than {limit} levels (lists and objects in each other)."
+)
+# Levels a body may nest around a job's or a run's arguments: a batch of jobs or the enqueue API's
+# {"runs": [{"kwargs": ...}]} is 3 (those are then refused by field, naming it, past their limit).
+BODY_DEPTH_AROUND_ARGS = 4
+
+
+def max_body_depth() -> int:
+    return settings.SCHEDULER_MAX_ARGS_DEPTH + BODY_DEPTH_AROUND_ARGS
 
 
 class PayloadTooLarge(APIException):
@@ -34,6 +47,12 @@ class BoundedJSONParser(JSONParser):
             raise PayloadTooLarge(ERR_TOO_LARGE.format(limit=limit))
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
-            return json.loads(raw.decode(encoding), parse_constant=_reject_constant)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            data = json.loads(raw.decode(encoding), parse_constant=_reject_constant)
+        except RecursionError as exc:
+            raise ParseError(ERR_TOO_DEEP.format(limit=max_body_depth())) from exc
+        except (ValueError, UnicodeDecodeError) as exc:
             raise ParseError(f"JSON parse error - {exc}") from exc
+        # Hundreds of levels parse, then overflow the stack of whatever walks them (a 500).
+        if nested_deeper_than(data, max_body_depth()):
+            raise ParseError(ERR_TOO_DEEP.format(limit=max_body_depth()))
+        return data

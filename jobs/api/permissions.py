@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
+from jobs.api.throttling import throttle_anonymous
 from jobs.roles import ADMIN, VIEWER, has_role
 
 
@@ -24,5 +25,8 @@ class RolePermission(BasePermission):
     def has_permission(self, request: Any, view: Any) -> bool:
         user = request.user
         if not user or not user.is_authenticated:
+            # Refused (401), but counted against the anonymous rate first: 429 past it. DRF's own
+            # throttles run only after the permissions, so they never saw these calls.
+            throttle_anonymous(request, view)
             return False
         return has_role(user, required_role(view, request.method))

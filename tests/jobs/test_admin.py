@@ -466,6 +466,35 @@ def test_job_actions_work_for_operator_and_admin(staff, objects, role):
     assert {e.actor_name for e in events} == {f"staff-{role}"}
 
 
+@pytest.mark.parametrize(
+    ("action", "already", "verb", "why"),
+    [
+        ("pause_jobs", False, "Paused", "already paused"),
+        ("resume_jobs", True, "Resumed", "not paused"),
+    ],
+)
+def test_admin_pause_and_resume_count_only_the_jobs_they_changed(
+    staff, objects, action, already, verb, why
+):
+    from django.contrib.messages import get_messages
+
+    client = staff("operator")
+    job = objects["job"]
+    other = Job.objects.create(
+        name="admin-job-2", task="noop", schedule_type="interval", interval_seconds=60
+    )
+    Job.objects.filter(pk=job.pk).update(enabled=not already)
+    Job.objects.filter(pk=other.pk).update(enabled=already)
+    response = run_action(client, JOB_URL, action, job.pk, other.pk)
+    assert response.status_code == 302
+    shown = [str(m) for m in get_messages(response.wsgi_request)]
+    assert shown == [
+        f"{verb} 1 job(s).",
+        f"Unchanged 1 job(s) ({why}): admin-job-2.",
+    ]
+    assert AuditEvent.objects.filter(source="admin").count() == 1
+
+
 @pytest.mark.parametrize("action", ["pause_jobs", "resume_jobs", "trigger_jobs", "delete_selected"])
 def test_job_actions_are_not_offered_to_a_viewer(staff, objects, action):
     client = staff("viewer")

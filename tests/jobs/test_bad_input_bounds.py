@@ -11,7 +11,12 @@ from django.test import Client
 
 from jobs import services
 from jobs.models import Job, JobExecution
-from jobs.validation import ERR_DATETIME_RANGE, ERR_NOT_UNICODE
+from jobs.validation import (
+    ERR_ARGS_TOO_DEEP,
+    ERR_DATETIME_RANGE,
+    ERR_NOT_UNICODE,
+    JobValidationError,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -141,3 +146,121 @@ def test_a_lone_surrogate_in_a_tasks_arguments_is_a_400(admin_api) -> None:
     assert response.status_code == 400
     assert ERR_NOT_UNICODE in response.json()["kwargs"]
     assert not Job.objects.filter(name="surrogate-args").exists()
+
+
+# --- JSON nested too deep ----------------------------------------------------------------------
+
+
+def nested(depth: int, kind: str = "list") -> str:
+    """JSON text of a list (or object) ``depth`` levels deep."""
+    if kind == "list":
+        return "[" * depth + "]" * depth
+    return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+# A task that takes any JSON as its argument (no validate hook): only the depth can be wrong.
+ANY_ARGUMENT_TASK = "demo_fail"
+
+
+def job_body(kwargs_text: str, name: str = "deep") -> str:
+    return (
+        f'{{"name": "{name}", "task": "{ANY_ARGUMENT_TASK}", "schedule_type": "interval", '
+        f'"interval_seconds": 60, "kwargs": {{"message": {kwargs_text}}}}}'
+    )
+
+
+@pytest.mark.parametrize("kind", ["list", "object"])
+@pytest.mark.parametrize("depth", [900, 5000])
+def test_a_body_nested_hundreds_deep_is_a_400_json_error(admin_api, depth, kind) -> None:
+    """It was an HTML 500 (RecursionError) at 900 levels; past ~1,000 a 400 saying "maximum
+    recursion depth exceeded"."""
+    admin_api.raise_request_exception = False
+    response = admin_api.generic(
+        "POST", "/api/jobs/", job_body(nested(depth, kind)), content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/json"
+    detail = response.json()["detail"]
+    assert "nested deeper than" in detail and "recursion" not in detail, detail
+    assert not Job.objects.filter(name="deep").exists()
+
+
+def test_arguments_nested_past_the_limit_are_a_400_naming_the_field(admin_api, settings) -> None:
+    limit = settings.SCHEDULER_MAX_ARGS_DEPTH
+    response = admin_api.generic(
+        "POST", "/api/jobs/", job_body(nested(limit)), content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert response.json() == {"kwargs": [ERR_ARGS_TOO_DEEP.format(limit=limit)]}
+    # One level less (kwargs itself is one) is fine.
+    response = admin_api.generic(
+        "POST",
+        "/api/jobs/",
+        job_body(nested(limit - 1), "deep-ok"),
+        content_type="application/json",
+    )
+    assert response.status_code == 201, response.content
+
+
+def test_deep_arguments_given_to_the_services_are_refused_not_a_recursion_error() -> None:
+    with pytest.raises(JobValidationError) as caught:
+        services.job_create(
+            data={
+                "name": "deep-service",
+                "task": "noop",
+                "schedule_type": "interval",
+                "interval_seconds": 60,
+                "args": json.loads(nested(900)),
+            },
+            by=services.SYSTEM,
+        )
+    assert "args" in caught.value.errors
+
+
+def test_an_enqueued_run_with_deep_arguments_is_a_400(admin_api, settings) -> None:
+    job = services.job_create(
+        data={
+            "name": "enqueue-deep",
+            "task": ANY_ARGUMENT_TASK,
+            "schedule_type": "interval",
+            "interval_seconds": 60,
+        },
+        by=services.SYSTEM,
+    )
+    limit = settings.SCHEDULER_MAX_ARGS_DEPTH
+    for depth, expected in ((limit - 1, 201), (limit, 400)):
+        body = '{"runs": [{"kwargs": {"message": ' + nested(depth) + "}}]}"
+        response = admin_api.generic(
+            "POST", f"/api/jobs/{job.pk}/enqueue/", body, content_type="application/json"
+        )
+        assert response.status_code == expected, response.content
+    assert response.json() == {"0.kwargs": [ERR_ARGS_TOO_DEEP.format(limit=limit)]}
+    assert JobExecution.objects.filter(job=job).count() == 1
+
+
+@pytest.mark.parametrize("depth", [900, 5000])
+def test_the_dashboard_and_admin_forms_refuse_deep_json_with_a_form_error(make_user, depth) -> None:
+    from tests.test_dashboard_pages import job_form_data
+
+    browser = Client(raise_request_exception=False)
+    browser.force_login(make_user("admin", "deep-admin"))
+    response = browser.post(
+        "/jobs/new/",
+        job_form_data(name="deep-form", task=ANY_ARGUMENT_TASK, kwargs=nested(depth, "object")),
+    )
+    assert response.status_code == 200
+    assert "nested deeper than" in response.content.decode()
+    response = browser.post(
+        "/admin/jobs/job/add/",
+        {
+            "name": "deep-admin-form",
+            "task": ANY_ARGUMENT_TASK,
+            "schedule_type": "interval",
+            "interval_seconds": "60",
+            "args": "[]",
+            "kwargs": nested(depth, "object"),
+        },
+    )
+    assert response.status_code == 200
+    assert "nested deeper than" in response.content.decode()
+    assert not Job.objects.filter(name__startswith="deep-").exists()

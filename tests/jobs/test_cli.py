@@ -521,6 +521,42 @@ def test_createuser_never_changes_an_existing_user_without_update(db):
     assert list(user.groups.values_list("name", flat=True)) == ["viewer"]
 
 
+def test_createuser_update_without_a_password_option_keeps_the_password(db):
+    """Changing a role must not lock the user out: --update alone left a new random password."""
+    run("createuser", "rob", "--role", "viewer", "--password", "Pw-rob-12345")
+    hashed = get_user_model().objects.get(username="rob").password
+    output = run("createuser", "rob", "--role", "admin", "--update")
+    assert output.strip() == "updated rob (admin); password: unchanged"
+    user = get_user_model().objects.get(username="rob")
+    assert user.password == hashed
+    assert authenticate(username="rob", password="Pw-rob-12345") is not None
+    assert sorted(user.groups.values_list("name", flat=True)) == ["admin"]
+    update = AuditEvent.objects.get(action="user.update")
+    assert update.changes == {"role": ["viewer", "admin"]}
+
+
+def test_createuser_update_with_reset_password_sets_and_prints_a_new_one(db):
+    run("createuser", "ria", "--role", "viewer", "--password", "Pw-ria-12345")
+    output = run("createuser", "ria", "--role", "viewer", "--update", "--reset-password")
+    password = re.search(r"password: (\S+)", output).group(1)
+    assert password != "unchanged"
+    assert authenticate(username="ria", password="Pw-ria-12345") is None
+    assert authenticate(username="ria", password=password) is not None
+    assert AuditEvent.objects.get(action="user.update").changes == {"password": [None, "(set)"]}
+    with pytest.raises(CommandError) as raised:
+        run(
+            "createuser",
+            "ria",
+            "--role",
+            "viewer",
+            "--update",
+            "--reset-password",
+            "--password",
+            "Pw-x-123456",
+        )
+    assert raised.value.returncode == 2
+
+
 # --- tokens --------------------------------------------------------------------------------------
 
 

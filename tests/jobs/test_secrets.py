@@ -77,6 +77,22 @@ def test_a_plain_credential_is_a_400_naming_the_field_and_nothing_is_written(
     assert not AuditEvent.objects.filter(object_type="job").exists()
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"headers": {"Authorization": "Bearer abc"}}, "kwargs.headers.Authorization"),
+        ({"url": "https://bob:hunter2@api.example.com/ping"}, "kwargs.url"),
+    ],
+    ids=["plain", "url-password"],
+)
+def test_the_refusal_shows_the_reference_to_write_with_single_braces(admin_api, kwargs, field):
+    response = admin_api.post("/api/jobs/", job_payload("leaky", **kwargs), format="json")
+    assert response.status_code == 400
+    (message,) = response.json()[field]
+    assert '{"$secret": "NAME"}' in message, message
+    assert "{{" not in message and "}}" not in message, message
+
+
 def test_a_reference_is_stored_and_shown_never_a_value(admin_api, api_client_for):
     headers = {"Authorization": {"$secret": "PING_TOKEN"}}
     response = admin_api.post("/api/jobs/", job_payload("safe", headers=headers), format="json")

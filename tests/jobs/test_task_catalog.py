@@ -92,3 +92,28 @@ def test_the_job_editor_carries_the_catalog(client, make_user) -> None:
     page = client.get("/jobs/new/").content.decode()
     assert '<script id="task-catalog" type="application/json">' in page
     assert 'id="task-help"' in page
+
+
+PURGE_SUMMARY = (
+    "Delete finished runs older than a number of days (run history retention; see "
+    "``jobs.retention``): each job's newest run and runs with a notification to send are kept."
+)
+
+
+def test_a_summary_that_wraps_onto_two_lines_is_shown_whole(capsys) -> None:
+    """The description is the docstring's first paragraph (its summary), not its first line:
+    purge_runs' summary was cut at "(run history retention; see"."""
+    assert _entry("purge_runs")["description"] == PURGE_SUMMARY
+    call_command("jobs", "tasks")
+    assert f"purge_runs: {PURGE_SUMMARY}\n" in capsys.readouterr().out
+
+
+def test_the_description_stops_at_the_first_blank_line() -> None:
+    def wrapped() -> None:
+        """First part of a summary
+        that goes on here.
+
+        Details that are not part of it.
+        """
+
+    assert registry._description(wrapped) == "First part of a summary that goes on here."

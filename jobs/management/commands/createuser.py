@@ -1,10 +1,11 @@
 """Create a user with a scheduler role (viewer, operator or admin), or with ``--update`` change an
-existing one's role and password (an existing user is never changed without it).
+existing one's role (an existing user is never changed without it). ``--update`` keeps the user's
+password unless ``--password`` (set this one) or ``--reset-password`` (a generated one) is given.
 
 A password given with ``--password`` must pass the configured password validators (a weak one is
-refused with exit 2); the generated one is printed once. Every change (user created or updated, role
-set, password set, key issued) is written to the audit log, source ``cli``; the password and the
-token themselves never are."""
+refused with exit 2); a generated one (a new user without ``--password``, or ``--reset-password``)
+is printed once. Every change (user created or updated, role set, password set, key issued) is
+written to the audit log, source ``cli``; the password and the token themselves never are."""
 
 from __future__ import annotations
 
@@ -27,9 +28,12 @@ EXIT_USAGE = 2
 CLI = Actor(source=AuditSource.CLI)
 PASSWORD_SET = "(set)"  # what the audit log says of a password: never the password
 ERR_EXISTS = (
-    "user {username!r} exists; pass --update to change its role and password "
-    "(it resets the password)"
+    "user {username!r} exists; pass --update to change its role (and --password or "
+    "--reset-password to change its password)"
 )
+ERR_TWO_PASSWORDS = "give --password or --reset-password, not both"
+ERR_RESET_NEW = "--reset-password is for --update of an existing user (a new one gets a password)"
+PASSWORD_UNCHANGED = "unchanged"
 
 
 class Command(BaseCommand):
@@ -38,14 +42,22 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
         parser.add_argument("--role", choices=ROLES, required=True)
-        parser.add_argument("--password", help="Default: a random one, printed once")
+        parser.add_argument(
+            "--password",
+            help="Default: a random one, printed once, for a new user; with --update: unchanged",
+        )
+        parser.add_argument(
+            "--reset-password",
+            action="store_true",
+            help="With --update: set a new random password (printed once)",
+        )
         parser.add_argument(
             "--token", action="store_true", help="Also issue an API key (printed once)"
         )
         parser.add_argument(
             "--update",
             action="store_true",
-            help="Change an existing user's role and password (refused without it)",
+            help="Change an existing user's role (refused without it); keeps its password",
         )
 
     def handle(
@@ -56,6 +68,7 @@ class Command(BaseCommand):
         password: str | None,
         token: bool,
         update: bool = False,
+        reset_password: bool = False,
         **_: Any,
     ) -> None:
         model = get_user_model()
@@ -65,9 +78,13 @@ class Command(BaseCommand):
             raise CommandError(
                 f"username: {' '.join(exc.messages)}", returncode=EXIT_USAGE
             ) from exc
+        if password is not None and reset_password:
+            raise CommandError(ERR_TWO_PASSWORDS, returncode=EXIT_USAGE)
         existing = model.objects.filter(username=username).first()
         if existing is not None and not update:
             raise CommandError(ERR_EXISTS.format(username=username), returncode=EXIT_USAGE)
+        if existing is None and reset_password:
+            raise CommandError(ERR_RESET_NEW, returncode=EXIT_USAGE)
         if password is not None:
             try:
                 password_validation.validate_password(
@@ -77,26 +94,36 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"password: {' '.join(exc.messages)}", returncode=EXIT_USAGE
                 ) from exc
-        password = password or secrets.token_urlsafe(12)
+        # An existing user keeps its password unless told otherwise (a role change is not a reset).
+        if password is None and (existing is None or reset_password):
+            password = secrets.token_urlsafe(12)
         # Hashed before the transaction: on SQLite a write transaction holds the database-wide write
         # lock, and a second of hashing inside it stalls every node's lease and presence renewals.
-        hashed = make_password(password)
+        hashed = make_password(password) if password is not None else None
         with transaction.atomic():
             user, created = model.objects.get_or_create(username=username)
             before = None if created else user_role(user)
-            user.password = hashed
+            changes: dict[str, list] = {}
+            if created or before != role:
+                changes["role"] = [before, role]
+            if hashed is not None:
+                user.password = hashed
+                changes["password"] = [None, PASSWORD_SET]
+            if not created and not user.is_staff:
+                changes["is_staff"] = [False, True]
             user.is_staff = True  # may open the Django admin; the role decides what it can do there
             user.save()
             user.groups.remove(*Group.objects.filter(name__in=ROLES))
             user.groups.add(Group.objects.get_or_create(name=role)[0])
-            audit_record(
-                by=CLI,
-                action="user.create" if created else "user.update",
-                object_type="user",
-                object_id=user.pk,
-                object_repr=username,
-                changes={"role": [before, role], "password": [None, PASSWORD_SET]},
-            )
+            if changes:
+                audit_record(
+                    by=CLI,
+                    action="user.create" if created else "user.update",
+                    object_type="user",
+                    object_id=user.pk,
+                    object_repr=username,
+                    changes=changes,
+                )
             key = kept = None
             if token:
                 # One key from here: a user who has a valid one keeps it (it cannot be shown
@@ -107,7 +134,8 @@ class Command(BaseCommand):
                 if kept is None:
                     key = tokens.issue(user, by=CLI, name="createuser")[0]
         self.stdout.write(
-            f"{'created' if created else 'updated'} {username} ({role}); password: {password}"
+            f"{'created' if created else 'updated'} {username} ({role}); "
+            f"password: {password if password is not None else PASSWORD_UNCHANGED}"
         )
         if key is not None:
             self.stdout.write(f"API token: {key}")
