@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -16,6 +17,19 @@ from jobs.roles import OPERATOR
 
 
 class NodeSerializer(serializers.ModelSerializer):
+    degraded_reason = serializers.SerializerMethodField(
+        help_text=(
+            "Why a node alive in the coordination backend cannot do its work (its database is "
+            "unreachable); empty when it can. The dashboard shows such a node as degraded."
+        )
+    )
+
+    def get_degraded_reason(self, node: SchedulerNode) -> str:
+        degraded = self.context.get("degraded")
+        if degraded is None:
+            degraded = selectors.degraded_nodes([node], now=timezone.now())
+        return degraded.get(node.node_id, "")
+
     class Meta:
         model = SchedulerNode
         fields = [
@@ -33,6 +47,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "drain_requested",
             "heartbeat_interval_s",
             "dead_after_s",
+            "degraded_reason",
         ]
         read_only_fields = fields
 

@@ -55,6 +55,12 @@ CONNECTION_ERROR_CODES = frozenset({2002, 2003, 2006, 2013, 2055})
 _local = threading.local()
 
 
+# A node's presence payload says "database": UNREACHABLE while it cannot reach its database (and
+# "database_reason" why): the next leader and the dashboard read it there, since the node cannot
+# write its own row then.
+UNREACHABLE = "unreachable"
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """Whether ``exc`` says the database could not be reached (as opposed to an answer): Django's
     wrapped errors and the driver's own (a failed connect is seen before Django wraps it)."""

@@ -39,7 +39,7 @@ from django.utils import timezone
 from cluster import doorbell, node_metrics, scheduler
 from cluster.clock import Clock, ReferenceClock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
-from cluster.dbhealth import DatabaseHealth, Reachability, is_connection_error
+from cluster.dbhealth import UNREACHABLE, DatabaseHealth, Reachability, is_connection_error
 from cluster.elector import UNABLE, ElectionConfig, LeaderElector
 from cluster.executor import PREPARE_WORKERS, RECONCILE_AFTER_S, Executor, Runner
 from cluster.fencing import Fenced, fence_current, fence_raise, tenure
@@ -115,7 +115,7 @@ ERR_CONNECTIONS = (
 # How often a node judges whether its database answers (seconds; cluster.dbhealth).
 DB_WATCH_S = 0.1
 # The presence payload's mark of a node that cannot reach its database.
-DATABASE_UNREACHABLE = "unreachable"
+DATABASE_UNREACHABLE = UNREACHABLE
 
 
 def _end_reason(presence: dict[str, object] | None) -> TermEndReason:

@@ -1,7 +1,11 @@
-"""Reads of cluster state: the current leader and term, node liveness."""
+"""Reads of cluster state: the current leader and term, node liveness, degraded nodes."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -9,7 +13,58 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from cluster.models import LeadershipTerm, SchedulerNode
+from cluster.coordination import CoordinationError, get_backend
+from cluster.dbhealth import UNREACHABLE
+from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+
+logger = logging.getLogger(__name__)
+
+# A web process reads the nodes' presence at most this often (only while some node's row is quiet).
+PRESENCE_CACHE_S = 1.0
+DEGRADED = "degraded"
+_presence_lock = threading.Lock()
+_presence: tuple[float, dict[str, dict[str, Any]]] = (-PRESENCE_CACHE_S, {})
+_backend: Any = None
+
+
+def _live_presence() -> dict[str, dict[str, Any]]:
+    """Every live node's presence payload (cached PRESENCE_CACHE_S; empty when the coordination
+    backend cannot be read, which is logged)."""
+    global _presence, _backend
+    with _presence_lock:
+        read_at, nodes = _presence
+        if time.monotonic() - read_at < PRESENCE_CACHE_S:
+            return nodes
+        try:
+            if _backend is None:
+                _backend = get_backend()
+            nodes = _backend.live_nodes()
+        except CoordinationError as exc:
+            logger.warning("cannot read the nodes' presence: %s", exc)
+            nodes = {}
+        _presence = (time.monotonic(), nodes)
+        return nodes
+
+
+def degraded_nodes(nodes: Iterable[SchedulerNode], *, now: datetime) -> dict[str, str]:
+    """The nodes alive in the coordination backend that cannot reach the database: their row has
+    gone quiet (no heartbeat for two of their intervals) while their presence says why. Node id ->
+    the reason they give. Reads the presence only when some row is quiet."""
+    quiet = [
+        node
+        for node in nodes
+        if node.status in (NodeStatus.ACTIVE, NodeStatus.DRAINING)
+        and (now - node.last_heartbeat).total_seconds() > 2 * (node.heartbeat_interval_s or 0.5)
+    ]
+    if not quiet:
+        return {}
+    presence = _live_presence()
+    found = {}
+    for node in quiet:
+        payload = presence.get(node.node_id)
+        if payload and payload.get("database") == UNREACHABLE:
+            found[node.node_id] = str(payload.get("database_reason") or "database unreachable")
+    return found
 
 
 def current_term() -> LeadershipTerm | None:

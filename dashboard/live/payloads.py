@@ -11,7 +11,7 @@ from rest_framework import serializers
 
 from cluster.api import NodeSerializer, TermSerializer
 from cluster.models import LeadershipTerm, SchedulerNode
-from cluster.selectors import current_term
+from cluster.selectors import DEGRADED, current_term, degraded_nodes
 from dashboard.live.protocol import LATE_AFTER_S, OUTPUT_FIELDS, frame
 from jobs.api.serializers import ExecutionSerializer, JobSerializer
 from jobs.models import JobExecution
@@ -66,13 +66,20 @@ def cluster_payload() -> dict[str, Any]:
     term = next((t for t in terms if t.ended_at is None), None)
     if term is None and len(terms) == TERMS_LIMIT:
         term = current_term()
+    # A node alive in the coordination backend whose database is unreachable is degraded: shown
+    # as such, not as active (its row, which it cannot write, still says active).
+    degraded = degraded_nodes(nodes, now=timezone.now())
+    node_data = NodeSerializer(nodes, many=True, context={"degraded": degraded}).data
+    for data in node_data:
+        if data["degraded_reason"]:
+            data["status"] = DEGRADED
     return {
         "leader": term.node_id if term else None,
         "term": term.term if term else None,
         "leader_since": serializers.DateTimeField().to_representation(term.acquired_at)
         if term
         else None,
-        "nodes": NodeSerializer(nodes, many=True).data,
+        "nodes": node_data,
         "terms": TermSerializer(terms, many=True).data,
     }
 

@@ -18,7 +18,7 @@
   }
 
   function statusCell(node) {
-    var parts = [el("span", { class: "badge badge--node-" + node.status }, node.status)];
+    var parts = [el("span", { class: "badge badge--node-" + node.status, title: node.degraded_reason || null }, node.status)];
     if (node.drain_requested && node.status === "active") parts.push(" ", el("span", { class: "tag tag--warn" }, "drain requested"));
     return parts;
   }
@@ -121,7 +121,7 @@
       if (!node) return;
       var statusHolder = header.querySelector('[data-field="status"]');
       Sched.clear(statusHolder);
-      statusHolder.appendChild(el("span", { class: "badge badge--node-" + node.status }, node.status));
+      statusHolder.appendChild(el("span", { class: "badge badge--node-" + node.status, title: node.degraded_reason || null }, node.status));
       var leader = header.querySelector('[data-field="leader"]');
       Sched.clear(leader);
       if (data.leader === node.node_id) leader.appendChild(el("span", { class: "leader-badge" }, "★ Leader · term " + data.term));

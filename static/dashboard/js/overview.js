@@ -179,7 +179,7 @@
     var percent = capacity ? Math.min(100, Math.round((100 * node.running_count) / capacity)) : 0;
     var head = [el("h3", { class: "node-card__title" }, el("a", { href: "/nodes/" + node.id + "/" }, node.node_id))];
     if (node.node_id === leader) head.push(el("span", { class: "leader-badge", title: "Current leader" }, "★ Leader · term " + term));
-    head.push(el("span", { class: "badge badge--node-" + node.status }, node.status));
+    head.push(el("span", { class: "badge badge--node-" + node.status, title: node.degraded_reason || null }, node.status));
     if (node.drain_requested && node.status === "active") head.push(el("span", { class: "tag tag--warn" }, "drain requested"));
     return el("article", { class: "node-card node-card--" + node.status, "data-node-id": node.node_id }, [
       el("header", { class: "node-card__head" }, head),
@@ -194,6 +194,7 @@
         ]),
         el("div", null, [el("dt", null, "Host"), el("dd", null, node.hostname + " · pid " + node.pid)]),
       ]),
+      node.degraded_reason ? el("p", { class: "node-card__note text-warn" }, "Cannot reach the database: " + node.degraded_reason) : null,
     ]);
   }
 
