@@ -10,7 +10,8 @@ SYSTEM_PACKAGES := pkg-config libmariadb-dev gcc python3-dev redis-server chromi
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup system-deps venv run web test test-mysql contract lint format check-deploy clean
+.PHONY: setup system-deps venv run web test test-mysql contract lint format check-deploy image-test \
+	clean
 
 setup: system-deps venv
 
@@ -62,6 +63,11 @@ check-deploy: venv
 	DJANGO_SECRET_KEY=$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))') \
 	DJANGO_ALLOWED_HOSTS=scheduler.example.com \
 	$(PY) manage.py check --deploy --fail-level WARNING
+
+# Build the image with podman on a local Debian bookworm base and run it against the local MariaDB
+# and Redis (installs podman & co. with apt when missing). See docker/image-test.sh.
+image-test:
+	docker/image-test.sh
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache
