@@ -34,6 +34,7 @@ RUN_ID=$$
 PREFIX="imgtest$RUN_ID"
 WEB=sched-image-web-$RUN_ID
 NODE=sched-image-node-$RUN_ID
+INIT=sched-image-init-$RUN_ID
 PACKAGES=(podman buildah debootstrap uidmap slirp4netns fuse-overlayfs runc)
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
@@ -92,7 +93,7 @@ redis_host_cli ping >/dev/null 2>&1 || fail "Redis is not reachable at $REDIS"
 cleanup() {
   local rc=$?
   set +e
-  for c in "$NODE" "$WEB"; do
+  for c in "$NODE" "$WEB" "$INIT"; do
     podman container exists "$c" 2>/dev/null && podman rm -f -t 5 "$c" >/dev/null 2>&1
   done
   mysql_root -e "DROP DATABASE IF EXISTS \`$DB\`" 2>/dev/null
@@ -243,6 +244,15 @@ in_image "$IMAGE" python manage.py migrate --noinput >"$SCRATCH/migrate.log" 2>&
 in_image "$IMAGE" python manage.py migrate --check >/dev/null 2>&1 || fail "migrate --check after migrate"
 tables=$(mysql_root -N -e "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema='$DB'")
 ok "migrate: $tables tables in $DB; migrate --check passes"
+# The Kubernetes pods' init container (docker/k8s), as written there, returns once migrated.
+podman run --rm -i --no-healthcheck "$IMAGE" python -c '
+import sys, yaml
+[pod] = [d["spec"]["template"]["spec"] for d in yaml.safe_load_all(sys.stdin)
+         if d["kind"] == "Deployment" and d["metadata"]["name"] == "scheduler-node"]
+print("\0".join(pod["initContainers"][0]["command"]), end="")' <docker/k8s/scheduler.yaml \
+  | xargs -0 -r timeout 60 podman run --rm --name "$INIT" "${RUN_OPTS[@]}" "$IMAGE" >/dev/null \
+  || fail "the Kubernetes init container's command did not return within 60 s"
+ok "the Kubernetes init container (wait for migrations) returns on the migrated database"
 
 log "web (daphne) on 127.0.0.1:$WEB_PORT"
 podman run -d --name "$WEB" "${RUN_OPTS[@]}" "$IMAGE" \
@@ -273,7 +283,7 @@ expect /health/live 200 '"ok"'
 health=$(podman image inspect --format '{{json .HealthCheck.Test}}' "$IMAGE")
 grep -q 'health/live' <<<"$health" || fail "the image has no HEALTHCHECK on /health/live: $health"
 python3 -c 'import json, sys; t = json.loads(sys.argv[1]); assert t[0] == "CMD"; print("\0".join(t[1:]), end="")' \
-  "${health//8000/$WEB_PORT}" | xargs -0 podman exec "$WEB" \
+  "${health//8000/$WEB_PORT}" | xargs -0 -r podman exec "$WEB" \
   || fail "the image's HEALTHCHECK command fails in the web container"
 ok "the image's HEALTHCHECK command passes in the web container"
 expect /static/dashboard/css/dashboard.css 200   # the dashboard's files, collected at build time
