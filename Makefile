@@ -10,7 +10,8 @@ SYSTEM_PACKAGES := pkg-config libmariadb-dev gcc python3-dev redis-server chromi
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup system-deps venv run web test test-mysql contract lint format check-deploy clean
+.PHONY: setup system-deps venv run web test test-mysql contract lint format check-deploy deploy-lint \
+	image-test clean
 
 setup: system-deps venv
 
@@ -62,6 +63,22 @@ check-deploy: venv
 	DJANGO_SECRET_KEY=$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))') \
 	DJANGO_ALLOWED_HOSTS=scheduler.example.com \
 	$(PY) manage.py check --deploy --fail-level WARNING
+
+# The deploy files, offline: the Dockerfile (hadolint), the compose file against the compose spec's
+# schema as written and as resolved (anchors, merges, variables: podman-compose config), the
+# Kubernetes manifests against Kubernetes' own schemas (kubernetes-validate, strict).
+deploy-lint: venv
+	$(BIN)/hadolint --config docker/hadolint.yaml docker/Dockerfile
+	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yaml
+	set -o pipefail; DJANGO_SECRET_KEY=lint-only \
+	  $(BIN)/podman-compose --dry-run -f docker/compose.yaml config \
+	  | $(BIN)/check-jsonschema --builtin-schema vendor.compose-spec --default-filetype yaml -
+	$(BIN)/kubernetes-validate --strict --quiet docker/k8s/*.yaml
+
+# Build the image with podman on a local Debian bookworm base and run it against the local MariaDB
+# and Redis (installs podman & co. with apt when missing). See docker/image-test.sh.
+image-test:
+	docker/image-test.sh
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache
