@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 
 from cluster.models import ClusterFence
 
@@ -87,4 +88,7 @@ def fenced_transaction(term: int) -> Iterator[None]:
         )
         if stored is not None and stored > term:
             raise Fenced(term, stored)
+        ClusterFence.objects.filter(name=FENCE_NAME).update(
+            writes=F("writes") + 1, writer_term=term
+        )
         yield

@@ -69,6 +69,11 @@ class ClusterFence(models.Model):
     # Who raised the fence to ``term``: the same term claimed by another holder is refused (a
     # coordination store that lost its counter could mint it twice).
     holder = models.CharField(max_length=128, blank=True, default="")
+    # Every fenced transaction counts itself here and names its writer's term, on the row it has
+    # locked anyway: the database's own log then shows, in commit order, which term wrote what (the
+    # chaos verifier checks it), and ``writes`` tells an operator the leader is writing.
+    writes = models.BigIntegerField(default=0)
+    writer_term = models.BigIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"{self.name}: term {self.term}"

@@ -28,6 +28,7 @@ from cluster.verify.attempts import (
     TOO_MANY_ATTEMPTS,
     UNEXCUSED_LOST,
 )
+from cluster.verify.commit_order import STALE_COMMIT, stale_commits
 from cluster.verify.intent import FIRED_AFTER_DELETE, FIRED_WHILE_PAUSED, REQUEST_NOT_RUN
 from cluster.verify.record import (
     CANCELLED,
@@ -58,7 +59,15 @@ from cluster.verify.record import (
     when,
 )
 from cluster.verify.recovery import SLOW_RECOVERY, leaderless, recovery
-from cluster.verify.schedule_rules import MISFIRE_POLICY, job_slots, misfires, slot_step
+from cluster.verify.schedule_rules import (
+    MISFIRE_POLICY,
+    SCHEDULE_EDIT,
+    edited_jobs,
+    edits_followed,
+    job_slots,
+    misfires,
+    slot_step,
+)
 
 # --- the kinds of violation --------------------------------------------------------------------------
 DUPLICATE_EXECUTION = "duplicate_execution"  # a slot executed twice (rows or side effects)
@@ -104,6 +113,8 @@ VIOLATION_KINDS = (
     FIRED_AFTER_DELETE,
     REQUEST_NOT_RUN,
     MISFIRE_POLICY,
+    STALE_COMMIT,
+    SCHEDULE_EDIT,
 )
 
 # Messages (tests assert on them).
@@ -182,6 +193,8 @@ class Report:
     # Fault kind -> how the cluster recovered (recovery.KindRecovery as a dict).
     recovery: dict[str, dict[str, Any]] = field(default_factory=dict)
     shown_per_kind: int = 8
+    # Committed transactions read from the database's own log (0: the database keeps none).
+    commits_checked: int = 0
 
     @property
     def ok(self) -> bool:
@@ -206,7 +219,12 @@ class Report:
             f"{self.executions}; bodies started: {self.runs}; indeterminate (lost): "
             f"{self.indeterminate}",
             "statuses: " + _counts(self.statuses),
-            f"leadership terms: {self.terms}; longest leader gap: {self.max_leader_gap_s:.2f} s",
+            f"leadership terms: {self.terms}; longest leader gap: {self.max_leader_gap_s:.2f} s; "
+            + (
+                f"commits checked in commit order: {self.commits_checked}"
+                if self.commits_checked
+                else "no commit log (stale writes judged by their timestamps)"
+            ),
             "start lag (body start - slot): "
             + (", ".join(f"{k} {v:.0f} ms" for k, v in self.lag_ms.items()) or "no runs"),
             "faults: " + (_counts(self.faults_by_kind) or "none"),
@@ -307,6 +325,8 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += intent.fired_after_delete(history, config)
     violations += intent.requests_not_run(history, index, config)
     violations += misfires(history, config)
+    violations += stale_commits(history)
+    violations += edits_followed(history, index)
     violations += [
         Violation(API_ANOMALY, f"{a.action}: {a.detail}", {"at": a.at})
         for a in history.api_anomalies
@@ -327,6 +347,7 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
         not_run=_not_run(history),
         recovery={kind: asdict(entry) for kind, entry in sorted(recovered.items())},
         shown_per_kind=config.shown_per_kind,
+        commits_checked=len(history.commits),
     )
 
 
@@ -459,7 +480,10 @@ def _slots(history: History, index: Index, config: CheckConfig) -> tuple[int, in
         pauses[window.job_id].append(window)
     checked = indeterminate = 0
     found = []
+    edited = edited_jobs(history)  # followed edit by edit (schedule_rules.edits_followed)
     for job in history.jobs:
+        if job.id in edited:
+            continue
         step = slot_step(job)
         # A job's slots count from its first whole interval after it was defined.
         start = max(history.window_start, job.created_at + step)

@@ -24,6 +24,7 @@ from cluster.verify.record import (
     JobInfo,
     PauseWindow,
     Requested,
+    ScheduleEdit,
     SideEffect,
     Term,
     TermClaim,
@@ -138,6 +139,7 @@ def collect_history(
     api_anomalies: Sequence[ApiAnomaly] = (),
     requested: Sequence[Requested] = (),
     deleted: Sequence[Deletion] = (),
+    edits: Sequence[ScheduleEdit] = (),
     meta: Mapping[str, Any] | None = None,
 ) -> History:
     """Read the whole history of a run from its database (the default connection) and files."""
@@ -220,6 +222,7 @@ def collect_history(
         api_anomalies=list(api_anomalies),
         requested=list(requested),
         deleted=list(deleted),
+        edits=list(edits),
         window_start=window_start,
         window_end=window_end,
         stop_at=stop_at,

@@ -87,7 +87,12 @@ class MariaDBServer:
                 f"--pid-file={self.workdir / 'mariadb.pid'}",
                 f"--log-error={self.log_path}",
                 "--user=root",
-                "--skip-log-bin",
+                # A row-based log of every transaction, in commit order: the checker reads which
+                # term wrote what from it (cluster.verify.binlog).
+                f"--log-bin={self.workdir / 'binlog'}",
+                "--binlog-format=ROW",
+                "--binlog-row-image=FULL",
+                "--server-id=1",
                 "--innodb-buffer-pool-size=128M",
                 "--max-connections=300",
                 "--character-set-server=utf8mb4",

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cluster.verify.record import ApiAnomaly, Deletion, Fault, Requested
+from cluster.verify.record import ApiAnomaly, Deletion, Fault, Requested, ScheduleEdit
 
 API_TRIGGER = "api_trigger"
 API_ENQUEUE = "api_enqueue"
@@ -17,7 +17,9 @@ API_PAUSE_RESUME = "api_pause_resume"
 API_EDIT = "api_edit"
 API_CONCURRENT_EDIT = "api_concurrent_edit"
 API_DELETE_RECREATE = "api_delete_recreate"
+API_SCHEDULE_EDIT = "api_schedule_edit"
 OPERATOR_KINDS = (
+    API_SCHEDULE_EDIT,
     API_TRIGGER,
     API_ENQUEUE,
     API_PAUSE_RESUME,
@@ -25,10 +27,17 @@ OPERATOR_KINDS = (
     API_CONCURRENT_EDIT,
     API_DELETE_RECREATE,
 )
+# The intervals the operator switches its edited job between (seconds).
+EDIT_INTERVALS = (1, 2, 3)
 # An enqueued run is due now or this many seconds ahead.
 ENQUEUE_AHEAD_S = (0.0, 3.0)
 OPERATOR_EVERY_S = (0.7, 2.5)
 PAUSED_FOR_S = (1.5, 4.0)
+
+
+class Unavailable(Exception):
+    """The API answered 503 with Retry-After: the database is down, nothing was written — the
+    contract for an outage, not an anomaly. The action is dropped."""
 
 
 class Operator:
@@ -59,6 +68,9 @@ class Operator:
         self.anomalies: list[ApiAnomaly] = []
         self.requested: list[Requested] = []
         self.deleted: list[Deletion] = []
+        self.edits: list[ScheduleEdit] = []
+        self.unavailable = 0  # actions dropped on a 503 (the database down)
+        self._edited: dict[str, Any] | None = None  # the job whose interval it edits
         self.stop = threading.Event()
         self._paused: dict[int, float] = {}  # job id -> when to resume it
         self._thread = threading.Thread(target=self._loop, name="operator", daemon=True)
@@ -71,7 +83,54 @@ class Operator:
         return api
 
     def start(self) -> None:
+        """Create the job whose schedule it edits (when it has a scratch definition), then act."""
+        if self.scratch is not None:
+            self._create_edited(self.client())
         self._thread.start()
+
+    def _create_edited(self, api: Any) -> None:
+        from django.db import connection
+
+        body = {**self.scratch, "name": "chaos-edited", "interval_seconds": EDIT_INTERVALS[0]}
+        sent = time.time()
+        created = self._call(api, "post", "/api/jobs/", API_SCHEDULE_EDIT, data=body)
+        if created.status_code != 201:
+            self._anomaly(API_SCHEDULE_EDIT, f"create of chaos-edited: {created.status_code}")
+            connection.close()
+            return
+        job = created.json()
+        patched = self._call(
+            api,
+            "patch",
+            f"/api/jobs/{job['id']}/",
+            API_SCHEDULE_EDIT,
+            data={"kwargs": {**body["kwargs"], "job_id": job["id"]}, "version": job["version"]},
+        )
+        self._edited = patched.json()
+        # Its first schedule counts from its creation.
+        self.edits.append(ScheduleEdit(job["id"], sent, time.time(), EDIT_INTERVALS[0]))
+        connection.close()
+
+    def _edit_schedule(self, api: Any, start: float) -> None:
+        """Move the edited job to another interval: it must follow it from the next slot."""
+        if self._edited is None:
+            return
+        job = self._edited
+        interval = self.rng.choice([i for i in EDIT_INTERVALS if i != job["interval_seconds"]])
+        response = self._call(
+            api,
+            "patch",
+            f"/api/jobs/{job['id']}/",
+            API_SCHEDULE_EDIT,
+            data={"interval_seconds": interval, "version": job["version"]},
+        )
+        answered = time.time()
+        if response.status_code == 200:
+            self._edited = response.json()
+            self.edits.append(ScheduleEdit(job["id"], start, answered, interval))
+        else:
+            self._anomaly(API_SCHEDULE_EDIT, f"edit of {job['name']}: {response.status_code}")
+        self._record(API_SCHEDULE_EDIT, job["id"], start, f"every {interval} s")
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop acting and resume every job still paused (the checker reads pause windows)."""
@@ -79,7 +138,12 @@ class Operator:
         self._thread.join(timeout)
         api = self.client()
         for job_id in list(self._paused):
-            self._call(api, "post", f"/api/jobs/{job_id}/resume/", API_PAUSE_RESUME)
+            for _ in range(30):  # the database may still be coming back
+                try:
+                    self._call(api, "post", f"/api/jobs/{job_id}/resume/", API_PAUSE_RESUME)
+                    break
+                except Unavailable:
+                    time.sleep(1.0)
             self._paused.pop(job_id, None)
         from django.db import connection
 
@@ -93,6 +157,10 @@ class Operator:
             while not self.stop.wait(self.rng.uniform(*OPERATOR_EVERY_S)):
                 try:
                     self._act(api)
+                except Unavailable as exc:
+                    self.unavailable += 1
+                    self.say(f"operator: {exc} (the database is down): action dropped")
+                    connection.close()
                 except Exception as exc:  # an action must never end the run: it is a finding
                     self._anomaly("operator", repr(exc))
                     connection.close()
@@ -103,6 +171,10 @@ class Operator:
         if method != "get":
             kwargs["format"] = "json"
         response = getattr(api, method)(path, **kwargs)
+        if response.status_code == 503 and response.headers.get("Retry-After"):
+            raise Unavailable(
+                f"{method.upper()} {path}: 503, Retry-After {response['Retry-After']}"
+            )
         if response.status_code >= 500:
             self._anomaly(action, f"{method.upper()} {path}: {response.status_code}")
         return response
@@ -135,6 +207,8 @@ class Operator:
             self._enqueue(api, job_id, start)
         elif roll < 0.5:
             self._delete_recreate(api, start)
+        elif roll < 0.58:
+            self._edit_schedule(api, start)
         elif roll < 0.7:
             current = self._call(api, "get", f"/api/jobs/{job_id}/", API_EDIT).json()
             self._call(
@@ -234,6 +308,8 @@ class Operator:
                     data={"description": f"race {start:.3f} #{which}", "version": version},
                 )
                 statuses.append(response.status_code)
+            except Unavailable:
+                statuses.append(503)
             finally:
                 connection.close()
 
@@ -242,7 +318,9 @@ class Operator:
             thread.start()
         for thread in threads:
             thread.join(60)
-        if sorted(statuses) != [200, 409]:
+        if 503 in statuses:
+            pass  # one edit found the database down: nothing to judge
+        elif sorted(statuses) != [200, 409]:
             self._anomaly(
                 API_CONCURRENT_EDIT,
                 f"job {job_id}: two edits of version {version} answered {sorted(statuses)} "

@@ -170,12 +170,39 @@ class Requested:
 
 
 @dataclass(frozen=True)
+class ScheduleEdit:
+    """The operator set a job's interval to ``interval_seconds``: committed between ``sent`` and
+    ``answered``."""
+
+    job_id: int
+    sent: float
+    answered: float
+    interval_seconds: int
+
+
+@dataclass(frozen=True)
 class Deletion:
     """A job the operator deleted: committed between ``sent`` and ``answered``."""
 
     job_id: int
     sent: float
     answered: float
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One committed transaction that touched the fence or the runs, from the database's own log
+    (cluster.verify.binlog), in commit order (``seq``)."""
+
+    seq: int
+    writer_term: int | None  # a fenced transaction's writer; None: not fenced
+    fence_term: int | None  # the fence's term when it began (None: the fence was not touched)
+    raised_to: int | None  # a new leader raised the fence to this term
+    fires: int = 0
+    lost: int = 0
+    skipped: int = 0
+    retries: int = 0
+    execution_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -197,6 +224,9 @@ class History:
     api_anomalies: list[ApiAnomaly] = field(default_factory=list)
     requested: list[Requested] = field(default_factory=list)
     deleted: list[Deletion] = field(default_factory=list)
+    edits: list[ScheduleEdit] = field(default_factory=list)
+    # Empty unless the run's database keeps a row-based log (a private MariaDB).
+    commits: list[Commit] = field(default_factory=list)
     # Slots due in [window_start, window_end] must be accounted for; stop_at: the graceful stop began.
     window_start: float = 0.0
     window_end: float = 0.0
@@ -215,6 +245,8 @@ _LIST_TYPES: dict[str, type] = {
     "api_anomalies": ApiAnomaly,
     "requested": Requested,
     "deleted": Deletion,
+    "edits": ScheduleEdit,
+    "commits": Commit,
 }
 
 

@@ -136,6 +136,8 @@ def recovery(
     )
     starts = _job_starts(history, index)
     intervals = {job.id: slot_step(job) for job in history.jobs}
+    for edit in history.edits:  # a job whose interval was edited: its longest one
+        intervals[edit.job_id] = max(intervals.get(edit.job_id, 0.0), float(edit.interval_seconds))
     stretches = leaderless(history)
     terms = sorted(history.terms, key=lambda t: t.acquired_at)
     acquired = [t.acquired_at for t in terms]

@@ -569,7 +569,7 @@ class ChaosRun:
 
         assert self.cluster is not None
         plan = self.plan
-        return collect_history(
+        history = collect_history(
             side_effects_path=self.side_effects,
             node_logs=self.cluster.logs,
             faults=sorted(faults, key=lambda f: f.start),
@@ -579,6 +579,7 @@ class ChaosRun:
             api_anomalies=self.operator.anomalies if self.operator else [],
             requested=self.operator.requested if self.operator else [],
             deleted=self.operator.deleted if self.operator else [],
+            edits=self.operator.edits if self.operator else [],
             meta={
                 "seed": plan.seed,
                 "minutes": plan.minutes,
@@ -590,6 +591,22 @@ class ChaosRun:
                 "incidents": incidents,
             },
         )
+        if self.mariadb is not None:
+            history.commits = self._commits()
+        return history
+
+    def _commits(self) -> list:
+        """The run's committed transactions, from the private server's binary log."""
+        from django.db import connection
+
+        from cluster.verify import binlog
+
+        assert self.mariadb is not None
+        with connection.cursor() as cursor:
+            columns = binlog.table_columns(cursor, connection.settings_dict["NAME"])
+        commits = binlog.read_commits(self.mariadb.workdir, columns)
+        self.say(f"commit log: {len(commits)} transactions on the fence or the runs")
+        return commits
 
     def _print_report(self, history: History, report: Report) -> None:
         meta = history.meta

@@ -7,7 +7,9 @@
   (no leader for a while, a whole cluster stopped) must do what the policy names: ``run_once``
   runs exactly the newest missed slot and records the others skipped, ``skip`` runs none of
   them, ``run_all`` runs the newest ``run_all_max`` of them; a misfire skip in a tick that was
-  not late is a violation too.
+  not late (nor decided at run time past the grace) is a violation too;
+- ``schedule_edit``: after an operator changes a job's interval, from the first slot after the
+  edit's commit, the job fires exactly the slots of the new interval (none of the old one).
 
 A tick's rows carry its instant (their ``created_at``, a skip's ``finished_at``) on the leader's
 clock; ticks written by a leader whose clock the nemesis stepped are not judged.
@@ -28,9 +30,12 @@ from cluster.verify.record import (
     CheckConfig,
     Execution,
     History,
+    Index,
     JobInfo,
+    ScheduleEdit,
     Violation,
     row_evidence,
+    slot_key,
     when,
 )
 
@@ -46,7 +51,7 @@ MSG_MISFIRE = (
     "and ran {ran} ({expected})"
 )
 MSG_EARLY_MISFIRE = (
-    "job {job_id}: slot {slot} skipped as a misfire although written {late_s:.2f} s after it, "
+    "job {job_id}: slot {slot} skipped as a misfire although decided {late_s:.2f} s after it, "
     "within its grace of {grace_s} s"
 )
 
@@ -106,8 +111,14 @@ def _tick_instant(row: Execution) -> float:
 
 
 def _misfire_skip(row: Execution) -> bool:
-    """Written skipped by the tick for its misfire policy (a forbid skip comes later, at run time)."""
     return row.status == SKIPPED and row.reason.startswith(MISFIRE_REASON_PREFIX)
+
+
+def _tick_skip(row: Execution) -> bool:
+    """Written skipped by the tick for its misfire policy. A run not started within its grace is
+    skipped later, at run time (its ``finished_at`` then trails its creation): the tick wrote it
+    to run."""
+    return _misfire_skip(row) and (row.finished_at or row.created_at) - row.created_at <= TICK_S
 
 
 def _ticks(rows: list[Execution]) -> list[list[Execution]]:
@@ -143,7 +154,9 @@ def misfires(history: History, config: CheckConfig) -> list[Violation]:
             late = bool(missed) and at - missed[0].scheduled_for > grace + config.timing_tolerance_s
             if not late:
                 for row in tick:
-                    early = at - row.scheduled_for
+                    # A misfire skip is decided when it is written (its finished_at): past the
+                    # grace, whether by a tick or at run time.
+                    early = (row.finished_at or at) - row.scheduled_for
                     if _misfire_skip(row) and early < grace - config.timing_tolerance_s:
                         found.append(
                             Violation(
@@ -158,7 +171,7 @@ def misfires(history: History, config: CheckConfig) -> list[Violation]:
                             )
                         )
                 continue
-            ran = [r for r in missed if not _misfire_skip(r)]
+            ran = [r for r in missed if not _tick_skip(r)]
             keep = {RUN_ONCE: 1, SKIP: 0}.get(job.misfire_policy, job.run_all_max)
             wanted = missed[len(missed) - keep :] if keep else []
             if [r.id for r in ran] == [r.id for r in wanted]:
@@ -178,4 +191,87 @@ def misfires(history: History, config: CheckConfig) -> list[Violation]:
                     {"rows": [row_evidence(r) for r in missed]},
                 )
             )
+    return found
+
+
+# --- schedule edits ----------------------------------------------------------------------------------
+
+SCHEDULE_EDIT = "schedule_edit"
+KINDS = (*KINDS, SCHEDULE_EDIT)
+# An edit takes effect from the first slot after its commit; the fires the leader had written ahead
+# (its lookahead, a tick early) before the commit may still follow the old schedule.
+EDIT_SETTLE_S = 2.5
+
+MSG_OLD_SLOT = (
+    "job {job_id}: slot {slot} is not on the schedule of every {step} s committed at {at} "
+    "(fired on an older schedule after the edit took effect)"
+)
+MSG_NEW_SLOT_MISSING = (
+    "job {job_id}: no fire of slot {slot} of the schedule of every {step} s committed at {at}"
+)
+
+
+def edited_jobs(history: History) -> set[int]:
+    return {edit.job_id for edit in history.edits}
+
+
+def _on_grid(instant: float, step: int) -> bool:
+    return abs(instant / step - round(instant / step)) < 1e-6 / step
+
+
+def edits_followed(history: History, index: Index) -> list[Violation]:
+    """Each segment between two edits of a job (from the first's commit + EDIT_SETTLE_S to the
+    next one's request) fires exactly the slots of its own interval."""
+    by_job: dict[int, list[ScheduleEdit]] = defaultdict(list)
+    for edit in history.edits:
+        by_job[edit.job_id].append(edit)
+    fires: dict[int, list[Execution]] = defaultdict(list)
+    for row in history.executions:
+        if row.trigger == SCHEDULE_TRIGGER and row.attempt == 1 and row.job_id in by_job:
+            fires[row.job_id].append(row)
+    deleted = {d.job_id: d.sent for d in history.deleted}
+    found = []
+    for job_id, edits in by_job.items():
+        edits.sort(key=lambda e: e.sent)
+        for k, edit in enumerate(edits):
+            start = max(edit.answered + EDIT_SETTLE_S, history.window_start)
+            end = min(
+                edits[k + 1].sent if k + 1 < len(edits) else history.window_end,
+                history.window_end,
+                deleted.get(job_id, float("inf")),
+            )
+            if end <= start:
+                continue
+            step = edit.interval_seconds
+            at = when(edit.answered)
+            for row in fires[job_id]:
+                if start <= row.scheduled_for <= end and not _on_grid(row.scheduled_for, step):
+                    found.append(
+                        Violation(
+                            SCHEDULE_EDIT,
+                            MSG_OLD_SLOT.format(
+                                job_id=job_id, slot=when(row.scheduled_for), step=step, at=at
+                            ),
+                            {"row": row_evidence(row), "edit": [edit.sent, edit.answered, step]},
+                        )
+                    )
+            slot = math.ceil(start / step) * step
+            while slot <= end:
+                paused = any(
+                    w.job_id == job_id
+                    and w.start <= slot + step
+                    and (w.end is None or w.end >= slot - step)
+                    for w in history.paused
+                )
+                if not paused and (job_id, slot_key(slot)) not in index.by_slot:
+                    found.append(
+                        Violation(
+                            SCHEDULE_EDIT,
+                            MSG_NEW_SLOT_MISSING.format(
+                                job_id=job_id, slot=when(slot), step=step, at=at
+                            ),
+                            {"edit": [edit.sent, edit.answered, step]},
+                        )
+                    )
+                slot += step
     return found

@@ -17,6 +17,7 @@ from cluster.verify.history import parse_term_claims, pause_windows, read_side_e
 from cluster.verify.record import (
     ApiAnomaly,
     CheckConfig,
+    Commit,
     Deletion,
     Execution,
     Fault,
@@ -24,6 +25,7 @@ from cluster.verify.record import (
     JobInfo,
     PauseWindow,
     Requested,
+    ScheduleEdit,
     SideEffect,
     Term,
     TermClaim,
@@ -444,6 +446,53 @@ def handover_during_a_redis_restart(h: History) -> None:
     h.faults.append(Fault("redis_restart", "redis", T0 + 4.0, T0 + 6.0))
 
 
+def _interval_edited_to_2_s(h: History) -> None:
+    """Job 2 ran every second since its creation; the operator set it to every 2 s at T0 + 3.1."""
+    h.edits = [
+        ScheduleEdit(2, T0 - 31.0, T0 - 30.0, 1),
+        ScheduleEdit(2, T0 + 3.0, T0 + 3.1, 2),
+    ]
+
+
+def schedule_edit_followed(h: History) -> None:
+    _interval_edited_to_2_s(h)
+    for k in (7, 9):  # the old schedule's slots after the edit took effect: never fired
+        row = _find(h, 2, k)
+        h.executions.remove(row)
+        _drop_effects(h, row.id)
+
+
+def schedule_edit_ignored(h: History) -> None:
+    _interval_edited_to_2_s(h)  # slots 7 and 9 still fired
+
+
+def schedule_edit_misses_a_new_slot(h: History) -> None:
+    schedule_edit_followed(h)
+    row = _find(h, 2, 8)
+    h.executions.remove(row)
+    _drop_effects(h, row.id)
+
+
+def commits_in_order(h: History) -> None:
+    """Term 1 writes, term 2 raises the fence, then writes: nothing stale."""
+    h.commits = [
+        Commit(0, writer_term=1, fence_term=1, raised_to=None, fires=3),
+        Commit(1, writer_term=None, fence_term=1, raised_to=2),
+        Commit(2, writer_term=2, fence_term=2, raised_to=None, fires=2, lost=1),
+    ]
+
+
+def commit_of_a_stale_term(h: History) -> None:
+    """After term 2 raised the fence, a transaction of term 1 committed lost declarations — its
+    writer's clock says nothing here, the commit order does."""
+    commits_in_order(h)
+    h.commits.append(Commit(3, writer_term=1, fence_term=2, raised_to=None, lost=2, retries=1))
+
+
+def fire_outside_a_fence(h: History) -> None:
+    h.commits = [Commit(0, writer_term=None, fence_term=None, raised_to=None, fires=1)]
+
+
 def jobs_stalled_after_a_kill(h: History) -> None:
     """A worker killed at T0 + 3.05: job 1's next body came 6 s after its last (bound: its 1 s
     interval + the lease 2 s + 1.5 s after the later SIGTERM of the leader, T0 + 8.5)."""
@@ -499,6 +548,21 @@ def run_all_ran_all(h: History) -> None:
 
 def run_all_skipped_some(h: History) -> None:
     _after_a_cluster_stop(h, "run_all", ran=(6, 7))
+
+
+def misfire_at_run_time(h: History) -> None:
+    """Slot 5 of job 1 (grace 2 s) was fired on time but could not start within its grace: the
+    node skipped it at T0 + 7.2 — justified, and not the tick's doing."""
+    h.jobs[0] = dataclasses.replace(h.jobs[0], misfire_grace_seconds=2)
+    row = _replace_row(
+        h,
+        1,
+        5,
+        status="skipped",
+        reason="misfire: not started within the grace period (2 s)",
+        finished_at=T0 + 7.2,
+    )
+    _drop_effects(h, row.id)
 
 
 def misfire_skip_within_grace(h: History) -> None:
@@ -634,9 +698,28 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     ("skip ran one", skip_ran_one, {c.MISFIRE_POLICY: "expected the newest 0"}),
     ("run_all after a stop", run_all_ran_all, {}),
     ("run_all skipped some", run_all_skipped_some, {c.MISFIRE_POLICY: "expected the newest 5"}),
+    ("misfire at run time", misfire_at_run_time, {}),
     ("misfire within grace", misfire_skip_within_grace, {c.MISFIRE_POLICY: "within its grace"}),
     ("cron job", cron_job, {}),
     ("cron slot missing", cron_job_missing_a_slot, {c.MISSING_SLOT: "slot 08:00:04.000Z"}),
+    ("schedule edit followed", schedule_edit_followed, {}),
+    (
+        "schedule edit ignored",
+        schedule_edit_ignored,
+        {c.SCHEDULE_EDIT: "slot 08:00:07.000Z is not on the schedule of every 2 s"},
+    ),
+    (
+        "schedule edit, new slot missing",
+        schedule_edit_misses_a_new_slot,
+        {c.SCHEDULE_EDIT: "no fire of slot 08:00:08.000Z of the schedule of every 2 s"},
+    ),
+    ("commits in order", commits_in_order, {}),
+    (
+        "stale commit",
+        commit_of_a_stale_term,
+        {c.STALE_COMMIT: "commit #3 by term 1 after the fence had reached term 2 (commit #1)"},
+    ),
+    ("unfenced fire", fire_outside_a_fence, {c.STALE_COMMIT: "outside a fenced transaction"}),
     (
         "slow recovery",
         jobs_stalled_after_a_kill,
