@@ -173,7 +173,7 @@ def misfires(history: History, config: CheckConfig) -> list[Violation]:
                 continue
             ran = [r for r in missed if not _tick_skip(r)]
             keep = {RUN_ONCE: 1, SKIP: 0}.get(job.misfire_policy, job.run_all_max)
-            wanted = missed[len(missed) - keep :] if keep else []
+            wanted = missed[max(0, len(missed) - keep) :] if keep else []
             if [r.id for r in ran] == [r.id for r in wanted]:
                 continue
             found.append(

@@ -546,6 +546,18 @@ def run_all_ran_all(h: History) -> None:
     _after_a_cluster_stop(h, "run_all", ran=(3, 4, 5, 6, 7))
 
 
+def run_all_under_its_bound(h: History) -> None:
+    """run_all_max 7 and 5 missed slots: all 5 run (fewer than the bound)."""
+    run_all_ran_all(h)
+    h.jobs[0] = dataclasses.replace(h.jobs[0], run_all_max=7)
+
+
+def run_all_beyond_its_bound(h: History) -> None:
+    """run_all_max 3: the newest 3 of 5 missed slots run, the 2 older ones are skipped."""
+    _after_a_cluster_stop(h, "run_all", ran=(5, 6, 7))
+    h.jobs[0] = dataclasses.replace(h.jobs[0], run_all_max=3)
+
+
 def run_all_skipped_some(h: History) -> None:
     _after_a_cluster_stop(h, "run_all", ran=(6, 7))
 
@@ -697,6 +709,8 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     ("run_once ran the oldest", run_once_ran_an_old_one, {c.MISFIRE_POLICY: "ran 1"}),
     ("skip ran one", skip_ran_one, {c.MISFIRE_POLICY: "expected the newest 0"}),
     ("run_all after a stop", run_all_ran_all, {}),
+    ("run_all under its bound", run_all_under_its_bound, {}),
+    ("run_all beyond its bound", run_all_beyond_its_bound, {}),
     ("run_all skipped some", run_all_skipped_some, {c.MISFIRE_POLICY: "expected the newest 5"}),
     ("misfire at run time", misfire_at_run_time, {}),
     ("misfire within grace", misfire_skip_within_grace, {c.MISFIRE_POLICY: "within its grace"}),
