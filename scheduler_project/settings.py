@@ -260,11 +260,12 @@ SCHEDULER_MAX_REQUEST_BYTES = env_int("SCHEDULER_MAX_REQUEST_BYTES", 256 * 1024)
 SCHEDULER_MAX_ARGS_BYTES = env_int("SCHEDULER_MAX_ARGS_BYTES", 64 * 1024)
 # How deep a job's (or a run's) args/kwargs may nest lists and objects (args itself is level 1); a
 # JSON body may nest a few levels more (the job or run around them). Far below Python's recursion
-# limit: deeper input was a RecursionError (a 500) in the checks that walk it.
-SCHEDULER_MAX_ARGS_DEPTH = env_int("SCHEDULER_MAX_ARGS_DEPTH", 32)
-if not 1 <= SCHEDULER_MAX_ARGS_DEPTH <= 200:
+# limit: deeper input was a RecursionError (a 500) in the checks that walk it. At most 30: MariaDB
+# refuses to store JSON nested 32 levels deep (its JSON_VALID check), and the row adds a level.
+SCHEDULER_MAX_ARGS_DEPTH = env_int("SCHEDULER_MAX_ARGS_DEPTH", 16)
+if not 1 <= SCHEDULER_MAX_ARGS_DEPTH <= 30:
     raise ImproperlyConfigured(
-        f"SCHEDULER_MAX_ARGS_DEPTH must be between 1 and 200, got {SCHEDULER_MAX_ARGS_DEPTH}"
+        f"SCHEDULER_MAX_ARGS_DEPTH must be between 1 and 30, got {SCHEDULER_MAX_ARGS_DEPTH}"
     )
 # API keys expire this many days after they are issued unless issued with another lifetime (0:
 # never). Only their SHA-256 digest is stored.
