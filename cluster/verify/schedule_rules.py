@@ -255,8 +255,16 @@ def edits_followed(history: History, index: Index) -> list[Violation]:
                             {"row": row_evidence(row), "edit": [edit.sent, edit.answered, step]},
                         )
                     )
+            # A slot is owed once the leader wrote a later fire of the job under this schedule (an
+            # edit committed while the cluster was down re-plans from now: the slots it left behind
+            # are superseded, not missed).
+            superseded_at = edits[k + 1].sent if k + 1 < len(edits) else float("inf")
+            passed = [r.scheduled_for for r in fires[job_id] if r.created_at < superseded_at]
             slot = math.ceil(start / step) * step
             while slot <= end:
+                if not any(later > slot for later in passed):
+                    slot += step
+                    continue
                 paused = any(
                     w.job_id == job_id
                     and w.start <= slot + step

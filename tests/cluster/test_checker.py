@@ -467,10 +467,25 @@ def schedule_edit_ignored(h: History) -> None:
 
 
 def schedule_edit_misses_a_new_slot(h: History) -> None:
+    """Slot 6 of the new schedule never fired, though the leader went on to fire slot 8."""
     schedule_edit_followed(h)
-    row = _find(h, 2, 8)
+    row = _find(h, 2, 6)
     h.executions.remove(row)
     _drop_effects(h, row.id)
+
+
+def schedule_edit_superseded_while_down(h: History) -> None:
+    """No leader wrote anything for job 2 after slot 5 until the operator moved it to every 3 s at
+    T0 + 7: slot 6 of the 2 s schedule was superseded by the edit (re-planned from now), not
+    missed."""
+    schedule_edit_misses_a_new_slot(h)
+    h.edits.append(ScheduleEdit(2, T0 + 7.0, T0 + 7.05, 3))
+    h.executions = [
+        dataclasses.replace(e, created_at=T0 + 7.2)
+        if e.job_id == 2 and e.scheduled_for > T0 + 6
+        else e
+        for e in h.executions
+    ]
 
 
 def commits_in_order(h: History) -> None:
@@ -725,8 +740,9 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     (
         "schedule edit, new slot missing",
         schedule_edit_misses_a_new_slot,
-        {c.SCHEDULE_EDIT: "no fire of slot 08:00:08.000Z of the schedule of every 2 s"},
+        {c.SCHEDULE_EDIT: "no fire of slot 08:00:06.000Z of the schedule of every 2 s"},
     ),
+    ("schedule edit superseded", schedule_edit_superseded_while_down, {}),
     ("commits in order", commits_in_order, {}),
     (
         "stale commit",
