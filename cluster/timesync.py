@@ -7,7 +7,9 @@ is back, and exports the offset."""
 from __future__ import annotations
 
 import logging
+import statistics
 import time
+from collections import deque
 
 from django.db import connection
 
@@ -18,9 +20,13 @@ logger = logging.getLogger(__name__)
 
 CLOCK_SYNC_S = 5.0  # how often the database's clock is read
 CLOCK_WARN_S = 0.5  # a machine clock further off than this is worth a warning
-# A reading whose round trip took longer than this says little about when the server read its
-# clock: it is dropped (the next one is taken at the next heartbeat).
-MAX_READING_RTT_S = 0.2
+# The server read its clock somewhere inside the round trip; the reading is taken as half-way, so a
+# round trip of R can put the node's time off by up to R / 2 (a request held by a link and answered
+# at once). A reading is used only when its round trip is at most this, or at most 1.5 times the
+# median of the node's last few round trips (a database far away); others are dropped (the next
+# one comes with the next heartbeat after CLOCK_SYNC_S).
+MAX_READING_RTT_S = 0.02
+RTT_SLACK = 1.5
 
 
 def database_time() -> float:
@@ -42,6 +48,7 @@ class TimeKeeper:
         self.clock = clock
         self._last = -CLOCK_SYNC_S
         self._off = False
+        self._rtts: deque[float] = deque(maxlen=5)
 
     def maybe_sync(self) -> bool:
         """Read the database's clock if a reading is due (the caller's database thread). Returns
@@ -51,7 +58,10 @@ class TimeKeeper:
         sent = self.clock.monotonic()
         reference = database_time()
         received = self.clock.monotonic()
-        if received - sent > MAX_READING_RTT_S:
+        rtt = received - sent
+        typical = statistics.median(self._rtts) if self._rtts else 0.0
+        self._rtts.append(rtt)
+        if rtt > max(MAX_READING_RTT_S, RTT_SLACK * typical):
             return False
         self._last = received
         offset = self.clock.sync(reference, sent_mono=sent, received_mono=received)

@@ -73,3 +73,23 @@ def test_the_keeper_reads_the_database_clock_and_warns_once_each_way(
 def test_the_database_clock_is_the_servers() -> None:
     # SQLite is a file on this machine; MariaDB answers with its own clock (same machine here).
     assert abs(database_time() - time.time()) < 1.0
+
+
+def test_a_reading_with_a_long_round_trip_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request held by a link and answered at once, 0.15 s later, would put the node's time
+    75 ms ahead: that reading is not used; a quick one is."""
+    machine = SteppableClock(start=1_000.0)
+    clock = ReferenceClock(machine)
+    keeper = TimeKeeper("n1", clock)
+
+    def held() -> float:
+        machine.advance(0.15)  # the request waited on the link; the server answers at once
+        return machine.now() + 3.0
+
+    monkeypatch.setattr(timesync, "database_time", held)
+    assert not keeper.maybe_sync()
+    assert clock.now() == pytest.approx(machine.now())
+    machine.advance(CLOCK_SYNC_S)
+    monkeypatch.setattr(timesync, "database_time", lambda: machine.now() + 3.0)
+    assert keeper.maybe_sync()
+    assert clock.now() == pytest.approx(machine.now() + 3.0)
