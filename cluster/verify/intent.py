@@ -101,8 +101,8 @@ def requests_not_run(history: History, index: Index, config: CheckConfig) -> lis
     for request in history.requested:
         if request.job_id in deleted:
             continue  # its rows went with the job
-        rows = [e for e in history.executions if e.id == request.execution_id]
-        if not rows:
+        row = index.rows.get(request.execution_id)
+        if row is None:
             found.append(
                 Violation(
                     REQUEST_NOT_RUN,
@@ -116,7 +116,7 @@ def requests_not_run(history: History, index: Index, config: CheckConfig) -> lis
             )
             continue
         # Every attempt of the run: the request is kept if the last one ran or says why not.
-        attempts = index.by_slot.get((rows[0].job_id, slot_key(rows[0].scheduled_for)), rows)
+        attempts = index.by_slot.get((row.job_id, slot_key(row.scheduled_for)), [row])
         last = attempts[-1]
         if last.status in EXECUTED or last.status == RUNNING:
             continue
