@@ -30,7 +30,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +53,8 @@ CLIENT_TIMEOUT_MARGIN_S = 1.0
 # read timeout), 2055 lost connection at a system error. Other errors came from a server that
 # answered (a deadlock, a statement limit, a constraint): the database is reachable.
 CONNECTION_ERROR_CODES = frozenset({2002, 2003, 2006, 2013, 2055})
+# The node's usual round trip is the median of its last this many answered control calls.
+ROUND_TRIPS_KEPT = 32
 
 _local = threading.local()
 
@@ -126,6 +130,7 @@ class DatabaseHealth:
         self._answered = 0  # the newest-begun call that got an answer
         self._failed: tuple[int, float, str] | None = None  # (call, start, what): newest failure
         self._state = Reachability(True)
+        self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
 
     # --- what the node asks ----------------------------------------------------------------------
     def able(self) -> bool:
@@ -146,6 +151,13 @@ class DatabaseHealth:
         if changed:
             self._report(previous, state, now)
         return state
+
+    def round_trip_s(self) -> float | None:
+        """The median time the node's recent control calls took to answer (None before any): what
+        a leader compares with its peers' to tell a slow path of its own from a slow database."""
+        with self._lock:
+            kept = list(self._round_trips)
+        return statistics.median(kept) if kept else None
 
     @property
     def state(self) -> Reachability:
@@ -225,6 +237,8 @@ class DatabaseHealth:
                     )
             else:
                 self._answered = max(self._answered, key)
+                if call.control:
+                    self._round_trips.append(now - call.started)
         # A failure makes the node unable now: say so at once, not at the next look.
         if error is not None:
             self.observe()

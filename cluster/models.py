@@ -44,6 +44,9 @@ class TermEndReason(models.TextChoices):
     NODE_DIED = "node_died", "Node died"
     # The leader could not reach its database and released its lease.
     UNABLE = "unable", "Database unreachable"
+    # The leader's path to the database was so slow that it fell behind, and a peer's was not: it
+    # handed leadership over.
+    FELL_BEHIND = "fell_behind", "Fell behind"
 
 
 class LeadershipTerm(models.Model):

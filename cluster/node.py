@@ -85,6 +85,15 @@ NOTIFY_INTERVAL_S = 1.0
 # The wake-up a draining leader publishes once it has released its lease.
 LEASE_RELEASED = "lease-released"
 LEADER_TICK_EARLY_S = 0.4
+# A leader whose ticks begin this long after the earliest slot they write (seconds), this many
+# ticks in a row, falls behind; it hands leadership over if its database round trip is at least
+# SLOW_ROUND_TRIP_S and SLOWER_THAN_PEER times a live peer's (the path is its own, not the
+# database's), and does not campaign again for YIELD_HOLD_S.
+BEHIND_S = 1.0
+BEHIND_TICKS = 3
+SLOW_ROUND_TRIP_S = 0.02
+SLOWER_THAN_PEER = 3.0
+YIELD_HOLD_S = 10.0
 # How often a node audits the rows it holds against what it tracks (executor.reconcile).
 RECONCILE_INTERVAL_S = 2.0
 # A node that has claimed nothing for this long because it is full or cannot confirm its
@@ -256,6 +265,9 @@ class NodeRunner:
         self._last_reconcile = self.clock.monotonic()
         self._idle_since: tuple[str, float] | None = None
         self._ended_term: int | None = None
+        # Falling behind (see BEHIND_S): late ticks in a row, and until when this node yields.
+        self._late_ticks = 0
+        self._yield_until = float("-inf")
         self._idle_logged = float("-inf")
         self._threads: list[threading.Thread] = []
         self.membership = Membership(
@@ -280,6 +292,7 @@ class NodeRunner:
             inline=inline,
         )
         self.executor.on_room = self._wake_claim.set
+        self.executor.database_able = self.database.able
         self.elector = LeaderElector(
             self.backend,
             LEASE_NAME,
@@ -288,7 +301,7 @@ class NodeRunner:
             clock=self.clock,
             on_started_leading=self._started_leading,
             on_stopped_leading=self._stopped_leading,
-            can_lead=self.database.able,
+            can_lead=self._can_lead,
         )
         self._log_extra = {"node": config.node_id}
 
@@ -375,11 +388,22 @@ class NodeRunner:
         began = time.monotonic()
         database = self.database.observe()
         payload: dict[str, object] = {"pid": os.getpid(), "running": self.executor.running_count}
+        round_trip = self.database.round_trip_s()
+        if round_trip is not None:
+            payload["db_rtt_ms"] = round(round_trip * 1000, 2)
         if not database.reachable:
             # Read by the dashboard (a node alive here but cut off from the database is degraded)
             # and by the next leader (why this node's term ended).
             payload["database"] = DATABASE_UNREACHABLE
             payload["database_reason"] = database.reason
+            # For the leader, which takes a cut-off node's work after a while (the node cannot
+            # write its own rows): since when, in the cluster's time, and what it still runs.
+            since = database.since if database.since is not None else self.clock.monotonic()
+            payload["database_since_ms"] = int(
+                (self.clock.now() - (self.clock.monotonic() - since)) * 1000
+            )
+            payload["bodies"] = self.executor.body_ids()
+            payload["unstarted"] = self.executor.refused_ids()
         try:
             continuous = self.membership.renew(payload)
             node_metrics.presence(time.monotonic() - began)
@@ -414,11 +438,62 @@ class NodeRunner:
         self.database.observe()
         return DB_WATCH_S
 
+    def _can_lead(self) -> bool:
+        """Able to do the leader's work: the database answers, and this node has not just handed
+        leadership over for falling behind."""
+        return self.database.able() and self.clock.monotonic() >= self._yield_until
+
+    def _yielding(self) -> bool:
+        return self.clock.monotonic() < self._yield_until
+
+    def _judge_pace(self, late_s: float) -> None:
+        """After a tick: a leader that keeps falling behind on a slow path of its own hands over to
+        a peer whose path is fast (a database slow for everyone is not a reason to move)."""
+        if late_s < BEHIND_S:
+            self._late_ticks = 0
+            return
+        self._late_ticks += 1
+        own = self.database.round_trip_s()
+        if self._late_ticks < BEHIND_TICKS or own is None or own < SLOW_ROUND_TRIP_S:
+            return
+        peer = self._faster_peer(own)
+        if peer is None:
+            return
+        self._late_ticks = 0
+        self._yield_until = self.clock.monotonic() + YIELD_HOLD_S
+        logger.warning(
+            "falling behind: ticks begin %.1f s after their slots; a database round trip takes "
+            "%.0f ms here, %.1f ms on %s: handing leadership over (no campaign for %.0f s)",
+            late_s,
+            own * 1000,
+            peer[1],
+            peer[0],
+            YIELD_HOLD_S,
+            extra=self._log_extra,
+        )
+        self.elector.poke()
+
+    def _faster_peer(self, own_s: float) -> tuple[str, float] | None:
+        """The live peer with the fastest database round trip (node id, ms), if it is at least
+        SLOWER_THAN_PEER times faster than ``own_s`` and reaches its database."""
+        best: tuple[str, float] | None = None
+        for node_id, payload in self._live_nodes().items():
+            rtt = payload.get("db_rtt_ms")
+            if node_id == self.config.node_id or payload.get("database") == DATABASE_UNREACHABLE:
+                continue
+            if not isinstance(rtt, int | float) or rtt * SLOWER_THAN_PEER > own_s * 1000:
+                continue
+            if best is None or rtt < best[1]:
+                best = (node_id, float(rtt))
+        return best
+
     def _database_changed(self, state: Reachability) -> None:
         """Cut off from the database: a leader gives its lease up now, not at its next renewal."""
         node_metrics.database(state.reachable)
         if not state.reachable:
             self.elector.poke()
+        else:
+            self.executor.forget_refused()
 
     # --- leadership ----------------------------------------------------------------------------------
     @property
@@ -511,12 +586,15 @@ class NodeRunner:
         node_metrics.leading(None, reason)
         extra = {**self._log_extra, "term": lease.term}
         logger.info("stopped leading (term %s): %s", lease.term, reason, extra=extra)
-        if reason == UNABLE:
+        if reason == UNABLE and not self._yielding():
             # This node cannot reach the database now; the next leader closes the term.
             return
-        end_reason = (
-            TermEndReason.STEPPED_DOWN if reason == "stepped_down" else TermEndReason.LEASE_LOST
-        )
+        if reason == UNABLE:
+            end_reason = TermEndReason.FELL_BEHIND
+        elif reason == "stepped_down":
+            end_reason = TermEndReason.STEPPED_DOWN
+        else:
+            end_reason = TermEndReason.LEASE_LOST
         try:
             LeadershipTerm.objects.filter(term=lease.term, ended_at__isnull=True).update(
                 ended_at=self._now(), end_reason=end_reason
@@ -544,16 +622,22 @@ class NodeRunner:
                 and self.membership.steady_for() >= self.config.dead_after_s
             ):
                 self._last_reap = self.clock.monotonic()
+                presences = self.backend.live_nodes()
+                now = self._now()
+                dead_after = timedelta(seconds=self.config.dead_after_s)
                 reaped = scheduler.reap_dead_nodes(
                     term=term,
-                    now=self._now(),
-                    dead_after=timedelta(seconds=self.config.dead_after_s),
-                    live=set(self.backend.live_nodes()),
+                    now=now,
+                    dead_after=dead_after,
+                    live=set(presences),
+                    cut_off=scheduler.read_cut_off(presences, now=now, after=dead_after),
                 )
-                if reaped.dead_nodes or reaped.stuck:
+                if reaped.dead_nodes or reaped.stuck or reaped.cut_off_nodes:
                     logger.warning(
-                        "reaped nodes %s: %d lost, %d unclaimed, %d stuck (retried per policy)",
+                        "reaped nodes %s (dead) and %s (cut off from the database): %d lost, "
+                        "%d unclaimed, %d stuck (retried per policy)",
                         reaped.dead_nodes,
+                        reaped.cut_off_nodes,
                         reaped.lost,
                         reaped.unclaimed,
                         reaped.stuck,
@@ -567,6 +651,7 @@ class NodeRunner:
         if result.fired or result.promoted:
             self._publish_wake()
             self._wake_claim.set()
+        self._judge_pace(result.late_s)
         if result.more:
             return 0.0
         earliest = scheduler.earliest_next_fire()

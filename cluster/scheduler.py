@@ -59,6 +59,9 @@ REASON_REPLACED = "replaced by a newer fire (replace)"
 REASON_NODE_DIED = "node {node} stopped heartbeating"
 REASON_NODE_STOPPED = "node {node} stopped without finishing the run"
 REASON_STUCK = "running past its timeout plus the dead threshold"
+REASON_NODE_CUT_OFF = (
+    "node {node} could not reach the database for {seconds:.0f} s; its outcome was never recorded"
+)
 
 
 @dataclass
@@ -70,6 +73,8 @@ class TickResult:
     more: bool = False  # a full batch: call again at once
     unrecorded_misses: int = 0
     fired_ids: list[int] = field(default_factory=list)
+    # How long after the earliest of its slots the tick began (0 when it was ahead of them).
+    late_s: float = 0.0
 
 
 def _next_slot(job: Job, after: datetime) -> datetime | None:
@@ -217,6 +222,8 @@ def scheduler_tick(
             .order_by("next_fire_at", "pk")[:batch_size]
         )
         if jobs:
+            earliest = min(j.next_fire_at for j in jobs if j.next_fire_at is not None)
+            result.late_s = max(0.0, (now - earliest).total_seconds())
             ids_buffer = [
                 j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.BUFFER_ONE
             ]
@@ -294,15 +301,103 @@ class ReapResult:
     lost: int = 0
     unclaimed: int = 0
     stuck: int = 0
+    # Nodes alive in the coordination store but cut off from the database whose work was taken.
+    cut_off_nodes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CutOff:
+    """What a node alive in the coordination store but cut off from its database says in its
+    presence: since when (the cluster's reference time), the runs whose bodies it still runs
+    (left alone: a body cannot be stopped from here) and the runs it made active but never
+    started (handed back, not lost)."""
+
+    since: datetime
+    bodies: frozenset[int] = frozenset()
+    unstarted: frozenset[int] = frozenset()
+
+
+def read_cut_off(
+    presences: dict[str, dict[str, object]], *, now: datetime, after: timedelta
+) -> dict[str, CutOff]:
+    """The live nodes whose presence says they have not reached the database for ``after``
+    (payloads as ``backend.live_nodes()`` returns them; a malformed one is ignored)."""
+    found: dict[str, CutOff] = {}
+    for node_id, payload in presences.items():
+        if payload.get("database") != "unreachable":
+            continue
+        try:
+            since_ms = float(payload["database_since_ms"])  # type: ignore[arg-type]
+            bodies = frozenset(int(pk) for pk in payload.get("bodies") or ())  # type: ignore[union-attr]
+            unstarted = frozenset(int(pk) for pk in payload.get("unstarted") or ())  # type: ignore[union-attr]
+        except (KeyError, TypeError, ValueError):
+            continue
+        since = datetime.fromtimestamp(since_ms / 1000, tz=now.tzinfo)
+        if now - since >= after:
+            found[node_id] = CutOff(since, bodies, unstarted)
+    return found
+
+
+def _take_cut_off_work(
+    cut_off: dict[str, CutOff], *, now: datetime, cutoff: datetime, result: ReapResult
+) -> None:
+    """(Inside the fenced transaction.) The work of nodes cut off from the database, claimed before
+    the cut: claims go back to the queue, runs whose bodies are not running end lost (retried per
+    policy), runs never started go back to the queue. Only while the node's row has not been
+    written since ``cutoff`` (locked, so a node that answers again and heartbeats first keeps its
+    work; one whose heartbeat waits on this lock finds its stale runs taken, fenced by their claim
+    tokens). Runs claimed after the outage began are not touched."""
+    stale = set(
+        SchedulerNode.objects.select_for_update()
+        .filter(
+            node_id__in=list(cut_off),
+            status__in=[NodeStatus.ACTIVE, NodeStatus.DRAINING],
+            last_heartbeat__lt=cutoff,
+        )
+        .values_list("node_id", flat=True)
+    )
+    for node_id in sorted(stale):
+        said = cut_off[node_id]
+        seconds = (now - said.since).total_seconds()
+        reason = REASON_NODE_CUT_OFF.format(node=node_id, seconds=seconds)
+        mine = JobExecution.objects.filter(node=node_id, claimed_at__lt=said.since).order_by()
+        unclaimed = mine.filter(status=ExecutionStatus.PENDING).update(
+            claim_token=None, node="", claimed_at=None
+        )
+        lost = 0
+        running = list(
+            mine.select_related("job")
+            .filter(status=ExecutionStatus.RUNNING)
+            .exclude(pk__in=list(said.bodies))
+            .order_by("pk")
+        )
+        for execution in running:
+            if execution.pk in said.unstarted:
+                unclaimed += executions.hand_back_unstarted(execution)
+            elif executions.end_running(
+                execution, status=ExecutionStatus.LOST, reason=reason, now=now
+            ):
+                lost += 1
+        if unclaimed or lost:
+            result.cut_off_nodes.append(node_id)
+            result.unclaimed += unclaimed
+            result.lost += lost
+            transaction.on_commit(doorbell.ring)
 
 
 def reap_dead_nodes(
-    *, term: int, now: datetime, dead_after: timedelta, live: Collection[str]
+    *,
+    term: int,
+    now: datetime,
+    dead_after: timedelta,
+    live: Collection[str],
+    cut_off: dict[str, CutOff] | None = None,
 ) -> ReapResult:
     """Mark dead the nodes whose presence has expired (not in ``live``, the coordination backend's
     answer) and whose heartbeat row is as old; their running work becomes lost (and is retried per
     policy), their claimed-but-unstarted work goes back to the queue. Also times out runs stuck past
-    timeout + dead threshold on any node.
+    timeout + dead threshold on any node, and takes the work of live nodes ``cut_off`` from the
+    database (``read_cut_off``): alive, they keep their rows; unable to record, not their runs.
 
     A node only starts work while it can show its presence has not expired (cluster/membership.py),
     so work taken here can no longer start there. The row's age is a second condition, never the
@@ -324,9 +419,11 @@ def reap_dead_nodes(
         claim_token__isnull=False,
         node__in=stopped_nodes,
     )
-    if not (silent.exists() or stuck_candidates.exists() or orphans.exists()):
+    if not (cut_off or silent.exists() or stuck_candidates.exists() or orphans.exists()):
         return result
     with fenced_transaction(term):
+        if cut_off:
+            _take_cut_off_work(cut_off, now=now, cutoff=cutoff, result=result)
         dead = list(silent.values_list("node_id", flat=True))
         stopped_with_work = list(orphans.values_list("node", flat=True).distinct())
         if dead:

@@ -113,6 +113,7 @@ def new_fire(
         term=term,
         reason=reason[:REASON_MAX_CHARS],
         finished_at=now if status == S.SKIPPED else None,
+        created_at=now,
     )
 
 

@@ -187,7 +187,9 @@ class JobExecution(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
 
-    created_at = models.DateTimeField(auto_now_add=True)
+    # A scheduled fire carries the instant its tick decided at (the leader's reference time, the
+    # same one its misfire decision used); any other row, the time it was made.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)

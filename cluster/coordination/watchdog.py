@@ -23,6 +23,8 @@ EXTENSIONS_PER_TTL = 3
 
 LOST_NOT_OWNED = "not_owned"
 LOST_UNREACHABLE = "unreachable"
+# Given up by its holder (a node cut off from its database keeps only the locks of running bodies).
+LOST_GIVEN_UP = "given_up"
 
 
 class LockWatchdog:
@@ -76,6 +78,13 @@ class LockWatchdog:
             self._thread.join()
         return self._handle
 
+    def give_up(self, reason: str = LOST_GIVEN_UP) -> LockHandle:
+        """Stop extending and report the lock lost (the work it protects must not start); the
+        caller releases it."""
+        handle = self.stop()
+        self._report(reason)
+        return handle
+
     def __enter__(self) -> LockWatchdog:
         return self.start()
 
@@ -116,7 +125,8 @@ class LockWatchdog:
         return False
 
     def _report(self, reason: str) -> None:
-        logger.error("lock %s lost (%s): abort the work it protects", self._handle.name, reason)
+        level = logging.WARNING if reason == LOST_GIVEN_UP else logging.ERROR
+        logger.log(level, "lock %s lost (%s): abort the work it protects", self._handle.name, reason)
         self.lost_reason = reason
         self.lost.set()
         if self.on_lost is not None:
@@ -143,6 +153,9 @@ class LockKeeper:
         self._releases: list[LockHandle] = []
         self._running = threading.Event()
         self._wake = threading.Event()
+        # Which locks to keep: None for all (the usual answer), else the ids of the watchdogs to
+        # keep; every other is given up and released at the next pass (see ``give_up_unkept``).
+        self.kept: Callable[[], set[int] | None] = lambda: None
 
     def release(self, watchdog: LockWatchdog) -> None:
         """Stop extending ``watchdog``'s lock and release it: while the keeper's thread runs, in
@@ -215,8 +228,22 @@ class LockKeeper:
                 self._running.clear()
             self._release_queued()
 
+    def give_up_unkept(self) -> int:
+        """Give up and release the locks ``kept`` does not name (none while it names all)."""
+        keep = self.kept()
+        if keep is None:
+            return 0
+        with self._mutex:
+            unkept = [w for key, w in self._held.items() if key not in keep]
+        handles = [watchdog.give_up() for watchdog in unkept if not watchdog.stopped]
+        if handles:
+            self._release(handles)
+        return len(handles)
+
     def step(self) -> int:
-        """One pass: extend the locks due. Returns how many were extended (or tried)."""
+        """One pass: give up the locks not to be kept, extend the locks due. Returns how many
+        were extended (or tried)."""
+        self.give_up_unkept()
         with self._mutex:
             candidates = list(self._held.values())
         by_ttl: dict[int, list[LockWatchdog]] = {}

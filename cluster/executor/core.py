@@ -74,6 +74,8 @@ LOCK_START_MARGIN_S = 0.2
 SUPERVISE_INTERVAL_S = 0.05
 CANCEL_GRACE_S = 2.0
 PROCESS_REAP_S = 2.0
+# How many runs refused for an unreachable database a presence names at most.
+REFUSED_REMEMBERED = 256
 HAND_BACK_ATTEMPTS = 5
 # A row this node holds but does not track is a leftover once it is this old (seconds).
 RECONCILE_AFTER_S = 5.0
@@ -165,6 +167,7 @@ class Executor:
         self.finisher = Finisher(self.clock, self._written, running=self._running_runs)
         # One thread keeps every job lock of this node alive (not one per lock).
         self.keeper = LockKeeper(backend)
+        self.keeper.kept = self._kept_locks
         self._unwritten = 0
         # Runs whose outcome is queued for the finisher (still running in the database).
         self._finishing: set[int] = set()
@@ -181,6 +184,13 @@ class Executor:
         self._room_since: float | None = None
         self.next_claim_in: float | None = None
         self.claiming = True
+        # Whether this node can write to its database now (the node's health). A body never
+        # starts while it cannot: its node says which bodies run in its presence, and the leader
+        # takes the rest of its work (cluster.scheduler.read_cut_off).
+        self.database_able: Callable[[], bool] = lambda: True
+        # Runs made active but refused at their start while the database was unreachable (their
+        # rows still say running): the presence names them so the leader hands them back.
+        self._refused: OrderedDict[int, None] = OrderedDict()
         # Why the last claim pass took nothing (None when it claimed, or failed).
         self.idle_reason: str | None = None
         # Claim token prefixes of claims in flight (their rows are not tracked yet).
@@ -247,6 +257,35 @@ class Executor:
                 "admitting": self._preparers,
                 "queued_batches": self._prepare_queue.qsize(),
             }
+
+    def _kept_locks(self) -> set[int] | None:
+        """The lock keeper's question. While the database is unreachable only the locks of
+        running bodies are kept: a lock taken for a run that cannot be written to start (an
+        admission stuck in a hung statement, a run waiting for its instant) would hold its job
+        on every node for as long as the partition lasts."""
+        if self.database_able():
+            return None
+        with self._lock:
+            return {
+                id(run.lock)
+                for run in self._active.values()
+                if run.lock is not None and run.body_slot and not run.completed
+            }
+
+    def body_ids(self) -> list[int]:
+        """Runs whose bodies hold a slot (started, or starting now), and have not ended."""
+        with self._lock:
+            return [pk for pk, run in self._active.items() if run.body_slot and not run.completed]
+
+    def refused_ids(self) -> list[int]:
+        """Runs refused at their start while the database was unreachable (newest last)."""
+        with self._lock:
+            return list(self._refused)
+
+    def forget_refused(self) -> None:
+        """The database answers again: refused runs are the self-audit's to hand back now."""
+        with self._lock:
+            self._refused.clear()
 
     def running_ids(self) -> list[int]:
         with self._lock:
@@ -821,7 +860,10 @@ class Executor:
             not lock.lost.is_set()
             and lock.clock.monotonic() < lock.handle.valid_until() - LOCK_START_MARGIN_S
         )
-        if room and lock_ok and self.membership.confirmed(run.epoch):
+        # Checked after the body slot is taken: a run that passes here is already among
+        # ``body_ids``, so a presence that says "unreachable" names every body that may run.
+        database_ok = self.database_able()
+        if room and lock_ok and database_ok and self.membership.confirmed(run.epoch):
             return True
         with self._lock:
             self._free_body_slot(run)
@@ -829,12 +871,19 @@ class Executor:
                 return False
             run.completed = True
             self._active.pop(run.execution.pk, None)
+            # No body of it ran: the self-audit hands its row back rather than ending it lost.
+            self._launched.pop(run.execution.pk, None)
+            if not database_ok:
+                self._refused[run.execution.pk] = None
+                while len(self._refused) > REFUSED_REMEMBERED:
+                    self._refused.popitem(last=False)
         execution = run.execution
         handed_back = False
         try:
             # The body did not start: give the run back, retrying a database that does not
-            # answer for a moment (otherwise the audit ends it lost though it never ran).
-            for attempt in range(HAND_BACK_ATTEMPTS):
+            # answer for a moment (otherwise the audit ends it lost though it never ran). Not
+            # while the database is unreachable: the leader hands it back (the node says so).
+            for attempt in range(HAND_BACK_ATTEMPTS if database_ok else 0):
                 try:
                     handed_back = executions.hand_back_unstarted(execution)
                     break
@@ -847,6 +896,8 @@ class Executor:
                 self._release_lock(lock)
         if not room:
             why = f"no body of this node ended within {OVERFLOW_WAIT_S} s (it is at capacity)"
+        elif not database_ok:
+            why = "the database is unreachable"
         elif not lock_ok:
             why = "lock no longer certain"
         else:
@@ -855,7 +906,11 @@ class Executor:
             "execution %s not started: %s (%s)",
             execution.pk,
             why,
-            "handed back" if handed_back else "already taken by the cluster",
+            "handed back"
+            if handed_back
+            else "left to the leader"
+            if not database_ok
+            else "already taken by the cluster",
             extra={"node": self.node_id, "execution": execution.pk},
         )
         return False

@@ -741,7 +741,9 @@ def _stuck(history: History, config: CheckConfig) -> list[Violation]:
 def _stale_writes(history: History) -> list[Violation]:
     """(f) A fire created by a leader after a newer term had been acquired (the fence must have
     refused it). Retries copy their original's term and operator runs carry none: only the
-    leader's own fires (schedule trigger, attempt 1) name the term that wrote them."""
+    leader's own fires (schedule trigger, attempt 1) name the term that wrote them. A fire's
+    ``created_at`` is the instant its tick began: a tick begun before the newer term and committed
+    after it is the commit-order check's to find (``commit_order``, from the binlog)."""
     terms = sorted(history.terms, key=lambda t: t.term)
     numbers = [t.term for t in terms]
     # suffix[i]: the earliest acquisition among terms[i:], and which term it was.

@@ -11,8 +11,9 @@
 - ``schedule_edit``: after an operator changes a job's interval, from the first slot after the
   edit's commit, the job fires exactly the slots of the new interval (none of the old one).
 
-A tick's rows carry its instant (their ``created_at``, a skip's ``finished_at``) on the leader's
-clock; ticks written by a leader whose clock the nemesis stepped are not judged.
+A tick's rows carry the instant it decided at (their ``created_at`` and a skip's ``finished_at``
+are both the tick's "now", however long its statements then take) on the leader's clock; ticks
+written by a leader whose clock the nemesis stepped are not judged.
 """
 
 from __future__ import annotations

@@ -22,10 +22,13 @@ from cluster.scheduler import (
     REASON_MISFIRE_BEYOND_BOUND,
     REASON_MISFIRE_COALESCED,
     REASON_MISFIRE_SKIPPED,
+    REASON_NODE_CUT_OFF,
     REASON_NODE_DIED,
     REASON_REPLACED,
     REASON_STUCK,
+    CutOff,
     earliest_next_fire,
+    read_cut_off,
     reap_dead_nodes,
     scheduler_tick,
 )
@@ -247,6 +250,18 @@ def test_misfire_policy_after_missed_intervals(policy, run_all_max, run, skipped
     job.refresh_from_db()
     assert job.next_fire_at == MISSED[-1] + MINUTE
     assert job.next_fire_at > LATE_NOW
+
+
+def test_every_row_of_a_tick_carries_the_instant_the_tick_decided_at():
+    """A fire is stamped with the tick's "now" (the reference time its misfire decision used), not
+    the machine's clock when the insert ran: a slow leader's rows must show when it decided."""
+    job = make_job(misfire_policy=MisfirePolicy.RUN_ONCE, misfire_grace_seconds=5)
+
+    scheduler_tick(term=TERM, now=LATE_NOW)
+
+    made = rows(job)
+    assert len(made) > 1
+    assert {e.created_at for e in made} == {LATE_NOW}
 
 
 def test_slots_within_the_grace_period_are_not_a_misfire():
@@ -719,3 +734,90 @@ def test_resume_within_the_lookahead_fires_after_the_last_fire_not_onto_it():
     resumed = services.job_resume(job_id=job.pk, by=services.SYSTEM, now=T0 + 0.6 * SECOND)
 
     assert resumed.next_fire_at == ahead + SECOND
+
+
+# --- a node alive in the coordination store, cut off from the database -------------------------
+
+
+def _cut_off_rows(node: str, since: datetime) -> dict[str, JobExecution]:
+    job = make_job()
+    before = since - 3 * SECOND
+    claim = {"node": node, "claimed_at": before}
+    return {
+        "claimed": add_execution(
+            job, slot=NOW + MINUTE, status=S.PENDING, claim_token="t-1", **claim
+        ),
+        "body": add_execution(job, slot=NOW - MINUTE, status=S.RUNNING, claim_token="t-2", **claim),
+        "refused": add_execution(
+            job, slot=NOW - 2 * MINUTE, status=S.RUNNING, claim_token="t-3", **claim
+        ),
+        "ended": add_execution(
+            job, slot=NOW - 3 * MINUTE, status=S.RUNNING, claim_token="t-4", **claim
+        ),
+        # Claimed after the outage began: the node answered again meanwhile; not its old work.
+        "new": add_execution(
+            job,
+            slot=NOW + 2 * MINUTE,
+            status=S.PENDING,
+            claim_token="t-5",
+            node=node,
+            claimed_at=since + SECOND,
+        ),
+    }
+
+
+def test_a_cut_off_nodes_work_is_taken_except_the_bodies_it_still_runs():
+    since = NOW - DEAD_AFTER - SECOND
+    make_node("cut", heartbeat=since)
+    rows_ = _cut_off_rows("cut", since)
+    said = CutOff(
+        since, bodies=frozenset({rows_["body"].pk}), unstarted=frozenset({rows_["refused"].pk})
+    )
+
+    result = reap_dead_nodes(
+        term=TERM, now=NOW, dead_after=DEAD_AFTER, live={"cut"}, cut_off={"cut": said}
+    )
+
+    for row in rows_.values():
+        row.refresh_from_db()
+    assert (result.cut_off_nodes, result.dead_nodes) == (["cut"], [])
+    assert (result.unclaimed, result.lost) == (2, 1)
+    assert (rows_["claimed"].status, rows_["claimed"].claim_token) == (S.PENDING, None)
+    assert (rows_["body"].status, rows_["body"].claim_token) == (S.RUNNING, "t-2")
+    assert (rows_["refused"].status, rows_["refused"].node) == (S.PENDING, "")
+    assert rows_["ended"].status == S.LOST
+    assert rows_["ended"].reason == REASON_NODE_CUT_OFF.format(node="cut", seconds=6)
+    assert (rows_["new"].claim_token, rows_["new"].node) == ("t-5", "cut")
+    assert SchedulerNode.objects.get(node_id="cut").status == NodeStatus.ACTIVE  # alive
+
+
+def test_a_cut_off_node_that_heartbeats_again_keeps_its_work():
+    since = NOW - DEAD_AFTER - SECOND
+    make_node("cut", heartbeat=NOW)  # its row was written again: it answers
+    rows_ = _cut_off_rows("cut", since)
+
+    result = reap_dead_nodes(
+        term=TERM, now=NOW, dead_after=DEAD_AFTER, live={"cut"}, cut_off={"cut": CutOff(since)}
+    )
+
+    assert (result.cut_off_nodes, result.unclaimed, result.lost) == ([], 0, 0)
+    for row in rows_.values():
+        before = row.status
+        row.refresh_from_db()
+        assert row.status == before
+
+
+def test_read_cut_off_takes_nodes_unreachable_for_long_enough_from_their_presence():
+    ms = NOW.timestamp() * 1000
+    presences: dict[str, dict[str, object]] = {
+        "long": {"database": "unreachable", "database_since_ms": ms - 6000, "bodies": [4]},
+        "short": {"database": "unreachable", "database_since_ms": ms - 1000},
+        "fine": {"running": 2},
+        "garbled": {"database": "unreachable", "database_since_ms": "soon"},
+    }
+
+    found = read_cut_off(presences, now=NOW, after=DEAD_AFTER)
+
+    assert list(found) == ["long"]
+    assert found["long"].bodies == frozenset({4})
+    assert found["long"].since == NOW - 6 * SECOND

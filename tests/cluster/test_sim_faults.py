@@ -242,6 +242,88 @@ def test_a_worker_cut_off_from_its_database_never_campaigns_when_the_leader_dies
     assert sim.nodes[worker].runner.database.state.reachable
 
 
+@pytest.mark.parametrize("before_slot", [0.1, PREPARE_AHEAD_S / 2, 0.0])
+def test_a_worker_cut_off_from_its_database_gives_its_work_up_and_the_jobs_keep_their_pace(
+    make_sim, before_slot
+):
+    """A worker loses its database (it still reaches the coordination store, so its presence
+    lives on) while it holds claims and runs marked running ahead of their instant: no body starts
+    there, the leader takes its work from what its presence says (claims back to the queue,
+    refused runs handed back), and every job keeps its pace; the worker is not declared dead.
+    Before, its claims and rows stayed its own for the whole partition and those jobs stalled."""
+    sim = make_sim()
+    jobs = [
+        sim.create_job(name=f"tick-{k}", concurrency_policy="forbid", kwargs={"seconds": 0.3})
+        for k in range(6)
+    ]
+    sim.advance(3)
+    leader = sim.leader()
+    worker = next(n for n in sim.nodes if n != leader)
+    advance_to(sim, next_slot(sim, after=1.0) - before_slot)
+    held = JobExecution.objects.filter(node=worker, status__in=[S.PENDING, S.RUNNING]).count()
+    sim.cut_database(worker)
+    cut_at = sim.clock.now()
+    sim.advance(15)
+    during = {job.pk: [e.at for e in sim.starts(job) if e.at >= cut_at] for job in jobs}
+    # A body may start in the moment before the worker notices (its first refused statement, or
+    # a control call unanswered past its bound); none after.
+    noticed = cut_at + 1.5
+    assert not [e for job in jobs for e in sim.starts(job) if e.node == worker and e.at > noticed]
+    assert SchedulerNode.objects.get(node_id=worker).status == NodeStatus.ACTIVE
+    sim.heal(worker)
+    sim.advance(4)
+
+    assert held, "the worker held nothing when it was cut off: the test proves nothing"
+    for job in jobs:
+        assert max(effects_by_slot(sim, job).values()) == 1
+        starts = sorted([cut_at - 1.0, *during[job.pk]])
+        gaps = [b - a for a, b in pairwise(starts)]
+        assert max(gaps) <= 4.0, f"{job.name} went {max(gaps):.2f} s without a run: {dump(job)}"
+        ordered = sorted(sim.starts(job), key=lambda e: e.at)
+        for earlier, later in pairwise(ordered):
+            assert later.at - earlier.at >= 0.3, f"bodies overlapped: {earlier} / {later}"
+        first = min(row["scheduled_for"] for row in rows(job)).timestamp()
+        assert_every_slot_accounted(job, first, sim.clock.now() - 2)
+
+
+def _slow_path(sim: SimCluster, node_id: str, seconds: float) -> None:
+    """The node's usual database round trip is ``seconds`` (the sim's calls take no time)."""
+    sim.nodes[node_id].runner.database.round_trip_s = lambda: seconds
+
+
+@pytest.mark.parametrize(("peers_s", "hands_over"), [(0.001, True), (0.25, False)])
+def test_a_leader_that_falls_behind_on_a_slow_path_of_its_own_hands_over(
+    make_sim, peers_s, hands_over
+):
+    """A leader whose ticks keep beginning after their slots, with a database round trip far
+    slower than its peers', hands leadership over (term ended "fell_behind") and does not campaign
+    again for a while; when every node's path is as slow (the database itself), it stays."""
+    sim = make_sim()
+    sim.create_job(name="tick")
+    sim.advance(3)
+    leader = sim.leader()
+    assert leader is not None
+    for node_id in sim.nodes:
+        _slow_path(sim, node_id, 0.25 if node_id == leader else peers_s)
+    sim.advance(1)  # every presence carries its round trip
+    runner = sim.nodes[leader].runner
+    for _ in range(3):
+        runner._judge_pace(1.4)
+    sim.advance(2)
+
+    if not hands_over:
+        assert sim.leader() == leader
+        return
+    assert sim.leader() not in (None, leader)
+    ended = LeadershipTerm.objects.filter(node_id=leader).exclude(ended_at=None).get()
+    assert ended.end_reason == "fell_behind"
+    sim.kill(sim.leader())
+    sim.advance(5)
+    assert sim.leader() not in (None, leader)  # the third node: the slow one holds back
+    sim.advance(10)
+    assert sim.leader() is not None
+
+
 # --- a worker SIGKILLed mid-run -------------------------------------------------------------------
 
 
