@@ -126,7 +126,9 @@ class LockWatchdog:
 
     def _report(self, reason: str) -> None:
         level = logging.WARNING if reason == LOST_GIVEN_UP else logging.ERROR
-        logger.log(level, "lock %s lost (%s): abort the work it protects", self._handle.name, reason)
+        logger.log(
+            level, "lock %s lost (%s): abort the work it protects", self._handle.name, reason
+        )
         self.lost_reason = reason
         self.lost.set()
         if self.on_lost is not None:
