@@ -1,7 +1,7 @@
 """Rules on what the operator asked for, judged against what the cluster did:
 
 - ``fired_while_paused``: a scheduled fire written while its job was paused (after the pause's
-  commit, before the resume's);
+  commit, before the resume's, each with one tick's length of tolerance);
 - ``fired_after_delete``: a body of a deleted job that started after the deletion committed;
 - ``request_not_run``: a run the operator triggered or enqueued through the API with no row, or
   whose row neither ran nor says why not by the end of the run.
@@ -45,9 +45,12 @@ def fired_while_paused(history: History, config: CheckConfig) -> list[Violation]
     found = []
     for window in history.paused:
         # The pause committed by its audit row's instant; the leader may be inside a tick that
-        # read the job just before it (one tick's length of tolerance).
+        # read the job just before it (one tick's length of tolerance). A fire is dated by its
+        # tick's instant, taken before the tick waits for its locks: a tick that began just before
+        # the resume's audit row and read the job once the resume had committed fires rightly
+        # (the same tolerance at the end).
         since = window.start + config.skip_tolerance_s
-        until = window.end if window.end is not None else float("inf")
+        until = window.end - config.skip_tolerance_s if window.end is not None else float("inf")
         for row in history.executions:
             if (
                 row.job_id != window.job_id

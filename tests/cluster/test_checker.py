@@ -357,6 +357,18 @@ def fired_while_paused(h: History) -> None:
         _drop_effects(h, row.id)
 
 
+def fired_as_the_resume_committed(h: History) -> None:
+    """Job 2 paused from T0 + 3.5 to T0 + 6.006: the tick dated T0 + 6.0 began before the resume's
+    audit row and read the job after its commit (it waited for the row lock), so its fire of slot
+    6 stands."""
+    h.paused.append(PauseWindow(job_id=2, start=T0 + 3.5, end=T0 + 6.006))
+    _replace_row(h, 2, 6, created_at=T0 + 6.0)
+    for k in (4, 5):
+        row = _find(h, 2, k)
+        h.executions.remove(row)
+        _drop_effects(h, row.id)
+
+
 def body_after_delete(h: History) -> None:
     """Job 2 deleted at T0 + 6.5 (its rows went with it): a body of it started at T0 + 8."""
     h.jobs = [j for j in h.jobs if j.id != 2]
@@ -697,6 +709,7 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
         {c.EARLY_START: "before it was due"},
     ),
     ("fired while paused", fired_while_paused, {c.FIRED_WHILE_PAUSED: "while the job was paused"}),
+    ("fired as the resume committed", fired_as_the_resume_committed, {}),
     ("body after delete", body_after_delete, {c.FIRED_AFTER_DELETE: "after the job was deleted"}),
     ("trigger, no row", triggered_run_with_no_row, {c.REQUEST_NOT_RUN: "which has no row"}),
     ("enqueue, left pending", enqueued_run_left_pending, {c.REQUEST_NOT_RUN: "left pending"}),
