@@ -131,6 +131,8 @@ class DatabaseHealth:
         self._failed: tuple[int, float, str] | None = None  # (call, start, what): newest failure
         self._state = Reachability(True)
         self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
+        # (began, took) of the newest answered control calls: the floor of a stretch of calls.
+        self._answers: deque[tuple[float, float]] = deque(maxlen=ROUND_TRIPS_KEPT)
 
     # --- what the node asks ----------------------------------------------------------------------
     def able(self) -> bool:
@@ -158,6 +160,21 @@ class DatabaseHealth:
         with self._lock:
             kept = list(self._round_trips)
         return statistics.median(kept) if kept else None
+
+    def fastest_since(self, since: float) -> float | None:
+        """The quickest control call begun at or after ``since`` (monotonic): the floor of the
+        path's latency over that stretch, which a slow link raises for every call and a big
+        statement does not. A call still unanswered counts as its age when none was answered.
+        None when no control call began since."""
+        now = self.clock.monotonic()
+        with self._lock:
+            answered = [took for began, took in self._answers if began >= since]
+            if answered:
+                return min(answered)
+            waiting = [
+                now - c.started for c in self._calls.values() if c.control and c.started >= since
+            ]
+        return max(waiting) if waiting else None
 
     @property
     def state(self) -> Reachability:
@@ -239,6 +256,7 @@ class DatabaseHealth:
                 self._answered = max(self._answered, key)
                 if call.control:
                     self._round_trips.append(now - call.started)
+                    self._answers.append((call.started, now - call.started))
         # A failure makes the node unable now: say so at once, not at the next look.
         if error is not None:
             self.observe()

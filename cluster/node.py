@@ -91,6 +91,11 @@ LEADER_TICK_EARLY_S = 0.4
 # database's), and does not campaign again for YIELD_HOLD_S.
 BEHIND_S = 1.0
 BEHIND_TICKS = 3
+# A leader pass (a tick and its reaping) still running this long (seconds) on a path whose
+# quickest call since the pass began is as slow as above hands over at once, mid-pass: a slow
+# link makes every pass long, and waiting for BEHIND_TICKS of them would stall the jobs for
+# several passes. Its writes after the hand-over are fenced.
+OVERRUN_S = 1.0
 SLOW_ROUND_TRIP_S = 0.02
 SLOWER_THAN_PEER = 3.0
 YIELD_HOLD_S = 10.0
@@ -268,6 +273,8 @@ class NodeRunner:
         # Falling behind (see BEHIND_S): late ticks in a row, and until when this node yields.
         self._late_ticks = 0
         self._yield_until = float("-inf")
+        # When the leader pass now running began (monotonic), None between passes.
+        self._pass_began: float | None = None
         self._idle_logged = float("-inf")
         self._threads: list[threading.Thread] = []
         self.membership = Membership(
@@ -436,7 +443,29 @@ class NodeRunner:
         """Judge the database's reachability often: a control call that stalls (an answer held by
         a partition) is noticed within DB_WATCH_S of its bound, whatever the other loops do."""
         self.database.observe()
+        self._judge_overrun()
         return DB_WATCH_S
+
+    def _judge_overrun(self) -> None:
+        """While a leader pass runs: one that has run OVERRUN_S on a path of its own far slower
+        than a peer's (see BEHIND_S) hands leadership over now, not after the pass."""
+        began = self._pass_began
+        if began is None or self._yielding() or not self.is_leader:
+            return
+        running = self.clock.monotonic() - began
+        if running < OVERRUN_S:
+            return
+        floor = self.database.fastest_since(began)
+        if floor is None or floor < SLOW_ROUND_TRIP_S:
+            return
+        peer = self._faster_peer(floor)
+        if peer is None:
+            return
+        self._hand_over(
+            f"a leader pass has run {running:.1f} s, its quickest database call taking "
+            f"{floor * 1000:.0f} ms",
+            peer,
+        )
 
     def _can_lead(self) -> bool:
         """Able to do the leader's work: the database answers, and this node has not just handed
@@ -459,13 +488,20 @@ class NodeRunner:
         peer = self._faster_peer(own)
         if peer is None:
             return
+        self._hand_over(
+            f"ticks begin {late_s:.1f} s after their slots; a database round trip takes "
+            f"{own * 1000:.0f} ms here",
+            peer,
+        )
+
+    def _hand_over(self, why: str, peer: tuple[str, float]) -> None:
+        """Falling behind on a slow path of its own: stop leading (the term ends "fell_behind")
+        and hold back from campaigning for YIELD_HOLD_S."""
         self._late_ticks = 0
         self._yield_until = self.clock.monotonic() + YIELD_HOLD_S
         logger.warning(
-            "falling behind: ticks begin %.1f s after their slots; a database round trip takes "
-            "%.0f ms here, %.1f ms on %s: handing leadership over (no campaign for %.0f s)",
-            late_s,
-            own * 1000,
+            "falling behind: %s, %.1f ms on %s: handing leadership over (no campaign for %.0f s)",
+            why,
             peer[1],
             peer[0],
             YIELD_HOLD_S,
@@ -611,6 +647,7 @@ class NodeRunner:
         if not self.is_leader or term is None:
             return LEADER_MAX_SLEEP_S
         now = self._now()
+        self._pass_began = self.clock.monotonic()
         try:
             result = scheduler.scheduler_tick(
                 term=term,
@@ -648,6 +685,8 @@ class NodeRunner:
             self._leading.clear()
             self.elector.release()
             return LEADER_MAX_SLEEP_S
+        finally:
+            self._pass_began = None
         if result.fired or result.promoted:
             self._publish_wake()
             self._wake_claim.set()

@@ -332,3 +332,38 @@ def test_a_control_statement_past_its_limit_is_stopped_by_the_server(
     thread.join(30)
     assert errors and errors[0].args[0] == 1969  # max_statement_time exceeded: an answer
     assert health.observe().reachable
+
+
+def test_the_fastest_call_since_an_instant_is_the_floor_of_the_path(
+    health: DatabaseHealth, clock: SettableClock
+) -> None:
+    """``fastest_since``: the quickest control call begun since an instant (a slow link raises
+    every call; one big statement does not), an unanswered one by its age when none answered, and
+    no work thread's call."""
+    takes = iter([0.3, 0.05, 0.2])
+
+    def slow() -> None:
+        clock.advance(next(takes))
+
+    with health.thread(control=True):
+        select_one()  # connected
+        clock.advance(1.0)
+        began = clock.monotonic()
+        assert health.fastest_since(began) is None
+        seen: list[float | None] = []
+
+        def hang() -> None:
+            clock.advance(0.4)
+            seen.append(health.fastest_since(began))
+
+        with calls_that(hang):
+            select_one()
+        assert seen == [pytest.approx(0.4)]  # only an unanswered call: its age
+        with calls_that(slow):
+            for _ in range(3):
+                select_one()
+    assert health.fastest_since(began) == pytest.approx(0.05)
+    later = clock.monotonic()
+    with health.thread(control=False), calls_that(lambda: clock.advance(0.9)):
+        select_one()
+    assert health.fastest_since(later) is None

@@ -15,6 +15,7 @@ import pytest
 from cluster.admission import REASON_FORBID, REASON_MISFIRE_STALE
 from cluster.executor import PREPARE_AHEAD_S
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from cluster.node import OVERRUN_S
 from cluster.scheduler import (
     REASON_MISFIRE_BEYOND_BOUND,
     REASON_MISFIRE_COALESCED,
@@ -322,6 +323,46 @@ def test_a_leader_that_falls_behind_on_a_slow_path_of_its_own_hands_over(
     assert sim.leader() not in (None, leader)  # the third node: the slow one holds back
     sim.advance(10)
     assert sim.leader() is not None
+
+
+@pytest.mark.parametrize(
+    ("floor_s", "peers_s", "hands_over"),
+    [
+        (0.25, 0.001, True),  # a slow link: every call of the pass is slow
+        (0.002, 0.001, False),  # a long pass of quick calls (a big batch): not the path
+        (0.25, 0.25, False),  # every node as slow: the database itself
+    ],
+)
+def test_a_leader_pass_that_overruns_on_a_slow_path_hands_over_mid_pass(
+    make_sim, floor_s, peers_s, hands_over
+):
+    """A leader pass still running OVERRUN_S after it began, whose quickest database call since is
+    far slower than a peer's usual round trip, hands over at once (the database watch sees it),
+    not after BEHIND_TICKS late passes."""
+    sim = make_sim()
+    sim.create_job(name="tick")
+    sim.advance(3)
+    leader = sim.leader()
+    assert leader is not None
+    for node_id in sim.nodes:
+        _slow_path(sim, node_id, floor_s if node_id == leader else peers_s)
+    sim.advance(1)  # every presence carries its round trip
+    runner = sim.nodes[leader].runner
+    runner.database.fastest_since = lambda since: floor_s
+    runner._pass_began = runner.clock.monotonic() - (OVERRUN_S - 0.2)
+    runner.watch_database_once()
+    assert not runner._yielding()  # not yet past OVERRUN_S
+    runner._pass_began = runner.clock.monotonic() - (OVERRUN_S + 0.1)
+    runner.watch_database_once()
+    assert runner._yielding() is hands_over
+    runner._pass_began = None
+    sim.advance(1)
+    if not hands_over:
+        assert sim.leader() == leader
+        return
+    assert sim.leader() not in (None, leader)
+    ended = LeadershipTerm.objects.filter(node_id=leader).exclude(ended_at=None).get()
+    assert ended.end_reason == "fell_behind"
 
 
 # --- a worker SIGKILLed mid-run -------------------------------------------------------------------
