@@ -221,7 +221,7 @@ def create_enqueued(
     job: Job, runs: list[dict[str, Any]], *, now: datetime, triggered_by: Any = None
 ) -> list[JobExecution]:
     """Many runs of ``job`` at once (the enqueue API), each with its own arguments, due instant
-    and priority (``jobs.validation.clean_enqueued_run``), in one INSERT. Call inside a
+    priority and idempotency key (``jobs.validation.clean_enqueued_run``), in one INSERT. Call inside a
     transaction.
 
     A run's fire slot (``scheduled_for``) is unique per job and attempt, like every execution's:
@@ -272,7 +272,7 @@ def create_enqueued(
         "traceback": "",
         "output": "",
     }
-    own = ["scheduled_for", "run_after", "priority", "args", "kwargs"]
+    own = ["scheduled_for", "run_after", "priority", "args", "kwargs", "idempotency_key"]
     # The columns every run shares are prepared for the database once; the rest per run.
     constant = {
         meta.get_field(name): meta.get_field(name).get_db_prep_save(value, connection)
@@ -290,6 +290,7 @@ def create_enqueued(
                 priority,
                 args_field.get_db_prep_save(run["args"], connection),
                 kwargs_field.get_db_prep_save(run["kwargs"], connection),
+                run.get("idempotency_key"),
             )
         )
     ids = bulk.insert(JobExecution, [meta.get_field(name) for name in own], rows, shared=constant)
@@ -301,7 +302,9 @@ def create_enqueued(
     for pk, run, slot, priority in zip(ids, runs, slots, priorities, strict=True):
         values = template.copy()
         for index, value in zip(
-            slots_at, (pk, slot, slot, priority, run["args"], run["kwargs"]), strict=True
+            slots_at,
+            (pk, slot, slot, priority, run["args"], run["kwargs"], run.get("idempotency_key")),
+            strict=True,
         ):
             values[index] = value
         created.append(JobExecution.from_db(connection.alias, names, values))

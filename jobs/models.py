@@ -203,6 +203,9 @@ class JobExecution(models.Model):
     # This run's own arguments (an enqueued run, and its retries); NULL means the job's.
     args = models.JSONField(null=True, blank=True)
     kwargs = models.JSONField(null=True, blank=True)
+    # The caller's key for an enqueued run (unique per job): enqueueing the same key again returns
+    # the run it made, not a second one. NULL for every other row (retries do not carry it).
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
 
     objects = ExecutionQuerySet.as_manager()
 
@@ -214,6 +217,10 @@ class JobExecution(models.Model):
                 fields=["job", "scheduled_for", "attempt"], name="execution_unique_fire"
             ),
             models.CheckConstraint(name="execution_attempt_positive", condition=Q(attempt__gte=1)),
+            # Several NULLs are distinct in a unique index (MariaDB and SQLite alike).
+            models.UniqueConstraint(
+                fields=["job", "idempotency_key"], name="execution_unique_idempotency_key"
+            ),
         ]
         indexes = [
             # The claim's own range (unclaimed pending rows of a queue) in its own order (priority
@@ -257,6 +264,7 @@ class AuditSource(models.TextChoices):
     API = "api", "API"
     ADMIN = "admin", "Admin"
     CLI = "cli", "CLI"
+    CODE = "code", "Code"  # application code, through jobs.enqueue / @task's .enqueue
     SYSTEM = "system", "System"
 
 

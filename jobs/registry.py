@@ -232,7 +232,33 @@ def _register(
                 )
             # The module was reloaded: the new function object replaces the old one.
         _registry[task_name] = spec
+    _bind_enqueue(func, task_name)
     return func
+
+
+def _bind_enqueue(func: Callable[..., Any], task_name: str) -> None:
+    """Give a task function ``.enqueue(*args, **kwargs)`` (a run of it called with exactly these
+    arguments, as Celery's ``delay``, into its job) and ``.enqueue_call(args=, kwargs=, job=,
+    run_at=, priority=, idempotency_key=)``; both are ``jobs.client.enqueue_task``. A callable
+    that takes no attributes goes without."""
+
+    def enqueue(*args: Any, **kwargs: Any) -> Any:
+        from jobs.client import enqueue_task
+
+        return enqueue_task(task_name, args=list(args), kwargs=dict(kwargs))
+
+    def enqueue_call(
+        args: list[Any] | None = None, kwargs: dict[str, Any] | None = None, **options: Any
+    ) -> Any:
+        from jobs.client import enqueue_task
+
+        return enqueue_task(task_name, args=args, kwargs=kwargs, **options)
+
+    try:
+        func.enqueue = enqueue  # type: ignore[attr-defined]
+        func.enqueue_call = enqueue_call  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass
 
 
 def task(
@@ -241,9 +267,16 @@ def task(
     takes_context: bool = False,
     validate: Validator | None = None,
     example: dict[str, Any] | None = None,
+    schedule: Any = None,
+    job: dict[str, Any] | None = None,
 ) -> Any:
-    """Register a function as a task; returns the function unchanged. ``example``: a call to
-    offer in the job form, ``{"args": [...], "kwargs": {...}}``.
+    """Register a function as a task; returns the function, given ``.enqueue`` and
+    ``.enqueue_call`` (``jobs.client``). ``example``: a call to offer in the job form,
+    ``{"args": [...], "kwargs": {...}}``.
+
+    ``schedule`` (a cron expression, or an interval in seconds or as a timedelta) and ``job``
+    (more fields of a job definition) declare a job named after the task
+    (``jobs.declarations``), created by ``jobs apply --from-code``.
 
     ``@task("noop")``, ``@task()`` and bare ``@task`` all work; the default name is
     ``f"{module}.{qualname}"``. Registering a different function under a taken name raises
@@ -251,9 +284,20 @@ def task(
     """
     if callable(name):  # bare @task
         return _register(name, None, takes_context, validate, example)
+    if job is not None and not isinstance(job, dict):
+        raise TypeError(f"job must be a dict of job definition fields, got {job!r}")
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
-        return _register(func, name, takes_context, validate, example)
+        registered = _register(func, name, takes_context, validate, example)
+        if schedule is not None or job is not None:
+            from jobs import declarations
+
+            task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
+            fields = dict(job or {})
+            if schedule is not None:
+                fields.update(declarations.schedule_fields(schedule))
+            declarations.declare_job(fields.pop("name", task_name), task=task_name, **fields)
+        return registered
 
     return decorator
 

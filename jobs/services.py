@@ -19,6 +19,7 @@ from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
 from jobs.validation import (
+    ERR_IDEMPOTENCY_KEY_REPEATED,
     JOB_DEFAULTS,
     WRITABLE_FIELDS,
     JobValidationError,
@@ -453,9 +454,13 @@ def runs_enqueue(
     """Enqueue many runs of a job, each with arguments of its own (what Celery's ``apply_async``
     is to a task): all or none. Every item is checked against the job's task first (errors keyed
     ``"<index>.<field>"``; a task not loaded here is one ``"task"`` error); then the runs are
-    inserted in one statement, one audit row records the request, and the nodes are woken once.
-    Works for a paused job, like a manual trigger. Raises Job.DoesNotExist, or JobValidationError
-    with nothing written."""
+    inserted in one statement, one audit row records the request, and the nodes are woken once
+    the transaction commits (inside a caller's transaction: when that one commits; a rollback
+    leaves no run and wakes nobody). Works for a paused job, like a manual trigger.
+
+    An item with an ``idempotency_key`` the job already has a run for gets that run back instead
+    of a new one. The list returned follows the items; each run's ``newly_enqueued`` says whether
+    this call made it. Raises Job.DoesNotExist, or JobValidationError with nothing written."""
     now = now or timezone.now()
     if not isinstance(items, list):
         raise JobValidationError({"runs": [ERR_ENQUEUE_NOT_LIST]})
@@ -484,23 +489,46 @@ def runs_enqueue(
             )
         except JobValidationError as exc:
             errors.update((f"{index}.{field}", reasons) for field, reasons in exc.errors.items())
+    first_with_key: dict[str, int] = {}
+    for index, run in enumerate(runs):
+        key = run.get("idempotency_key") if run else None
+        if key is None:
+            continue
+        if key in first_with_key:
+            errors[f"{index}.idempotency_key"] = [
+                ERR_IDEMPOTENCY_KEY_REPEATED.format(index=first_with_key[key])
+            ]
+        else:
+            first_with_key[key] = index
     if errors:
         raise JobValidationError(errors)
     for attempt in range(1, ENQUEUE_ATTEMPTS + 1):
         try:
             with transaction.atomic():
-                created = executions.create_enqueued(
-                    job, runs, now=now, triggered_by=by.user_or_none
+                existing = _runs_by_key(job.pk, list(first_with_key))
+                new = [run for run in runs if run["idempotency_key"] not in existing]
+                created = (
+                    executions.create_enqueued(job, new, now=now, triggered_by=by.user_or_none)
+                    if new
+                    else []
                 )
-                audit_record(
-                    by=by,
-                    action="job.enqueue",
-                    object_type="job",
-                    object_id=job.pk,
-                    object_repr=job.name,
-                    changes={"runs": [None, len(created)]},
-                )
-            return created
+                if created:
+                    audit_record(
+                        by=by,
+                        action="job.enqueue",
+                        object_type="job",
+                        object_id=job.pk,
+                        object_repr=job.name,
+                        changes={"runs": [None, len(created)]},
+                    )
+            made = iter(created)
+            answer = []
+            for run in runs:
+                found = existing.get(run["idempotency_key"])
+                execution = found if found is not None else next(made)
+                execution.newly_enqueued = found is None
+                answer.append(execution)
+            return answer
         except IntegrityError:
             if not Job.objects.filter(pk=job.pk).exists():
                 raise Job.DoesNotExist(f"job {job.pk} was deleted") from None
@@ -509,6 +537,14 @@ def runs_enqueue(
                 raise
             now = timezone.now()
     raise AssertionError("unreachable")
+
+
+def _runs_by_key(job_id: int, keys: list[str]) -> dict[str, JobExecution]:
+    """The job's runs enqueued with one of ``keys``, by key."""
+    if not keys:
+        return {}
+    found = JobExecution.objects.filter(job_id=job_id, idempotency_key__in=keys)
+    return {run.idempotency_key: run for run in found}
 
 
 def runs_purge(

@@ -314,14 +314,20 @@ ERR_FOREIGN_SECRET = (
     "refers to secrets its job's own arguments do not use ({names}); an admin adds them to the job"
 )
 # The fields of one run sent to the enqueue API.
-ENQUEUE_FIELDS = ("args", "kwargs", "run_at", "priority")
+ENQUEUE_FIELDS = ("args", "kwargs", "run_at", "priority", "idempotency_key")
+MAX_IDEMPOTENCY_KEY = 200
+ERR_IDEMPOTENCY_KEY_FORMAT = "Must be 1 to 200 characters, none of them a control character."
+# Control characters (Unicode's Cc: C0, DEL and C1), which a key never needs and a log line breaks on.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+ERR_IDEMPOTENCY_KEY_REPEATED = "Repeats the idempotency_key of run {index} of this request."
 
 
 def clean_enqueued_run(
     item: dict[str, Any], *, task: str, job_args: list, job_kwargs: dict
 ) -> dict[str, Any]:
     """One run for the enqueue API: ``args``/``kwargs`` (absent: the job's), ``run_at`` (absent:
-    now; a past instant means now too) and ``priority`` (absent: the job's). The call is checked
+    now; a past instant means now too), ``priority`` (absent: the job's) and ``idempotency_key``
+    (absent: none; the caller's key, unique per job). The call is checked
     against the task as a job's would be. Returns the cleaned values (None where absent); raises
     JobValidationError keyed by field."""
     errors = _Errors()
@@ -351,9 +357,20 @@ def clean_enqueued_run(
     priority = _integer(
         errors, "priority", item.get("priority"), -MAX_PRIORITY, MAX_PRIORITY, nullable=True
     )
+    key = item.get("idempotency_key")
+    if key is not None:
+        key = _string(errors, "idempotency_key", key, MAX_IDEMPOTENCY_KEY)
+        if key is not None and (not key or CONTROL_CHARACTERS.search(key)):
+            errors.add("idempotency_key", ERR_IDEMPOTENCY_KEY_FORMAT)
     if errors.by_field:
         raise JobValidationError(errors.by_field)
-    return {"args": args, "kwargs": kwargs, "run_at": run_at, "priority": priority}
+    return {
+        "args": args,
+        "kwargs": kwargs,
+        "run_at": run_at,
+        "priority": priority,
+        "idempotency_key": key,
+    }
 
 
 def unknown_fields(data: dict[str, Any]) -> dict[str, list[str]]:

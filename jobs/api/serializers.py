@@ -101,6 +101,15 @@ def enqueue_body() -> dict[str, Any]:
                 "nullable": True,
                 "description": "Absent: the job's.",
             },
+            "idempotency_key": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 200,
+                "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+                "nullable": True,
+                "description": "Unique per job: a run sent again with a key the job already "
+                "has a run for gets that run back, and no new one is made.",
+            },
         },
         "additionalProperties": False,
     }
@@ -126,8 +135,13 @@ class JobBatchResultSerializer(serializers.Serializer):
 
 
 class EnqueueResultSerializer(serializers.Serializer):
-    count = serializers.IntegerField()
+    count = serializers.IntegerField(help_text="Runs this request made.")
     ids = serializers.ListField(child=serializers.IntegerField(), help_text="In the order sent.")
+    already_enqueued = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Indexes of the runs whose idempotency_key the job already had a run for "
+        "(its id is in ids; nothing new was made for them).",
+    )
 
 
 class ExecutionSerializer(serializers.ModelSerializer):

@@ -156,12 +156,15 @@ class JobViewSet(viewsets.ModelViewSet):
 
     @extend_schema(
         request=enqueue_body,
-        responses={201: EnqueueResultSerializer},
+        responses={201: EnqueueResultSerializer, 200: EnqueueResultSerializer},
         description=(
             "Enqueue up to 5,000 runs of this job, each with arguments of its own (absent: the "
             "job's), all or none: a bad run refuses the request (400, errors keyed "
             "`<index>.<field>`) and nothing is written. Runs are due at `run_at` (absent or past: "
-            "now) and follow the job's queue, timeout, retries and concurrency policy."
+            "now) and follow the job's queue, timeout, retries and concurrency policy. A run with an "
+            "`idempotency_key` the job already has a run for is not made again: its id is "
+            "returned and its index listed in `already_enqueued` (200 when the request made "
+            "nothing)."
         ),
     )
     @action(detail=True, methods=["post"])
@@ -170,8 +173,14 @@ class JobViewSet(viewsets.ModelViewSet):
         runs = services.runs_enqueue(
             job_id=self.get_object().pk, items=body.get("runs"), by=actor_from(request)
         )
+        made = sum(run.newly_enqueued for run in runs)
         return Response(
-            {"count": len(runs), "ids": [run.pk for run in runs]}, status=status.HTTP_201_CREATED
+            {
+                "count": made,
+                "ids": [run.pk for run in runs],
+                "already_enqueued": [i for i, run in enumerate(runs) if not run.newly_enqueued],
+            },
+            status=status.HTTP_201_CREATED if made else status.HTTP_200_OK,
         )
 
     @extend_schema(request=None, responses={200: JobSerializer})

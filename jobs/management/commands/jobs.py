@@ -7,6 +7,7 @@
     python manage.py jobs pause NAME | resume NAME
     python manage.py jobs export [--format yaml|json] [--output FILE] [NAME ...]
     python manage.py jobs apply FILE [--dry-run] [--prune]
+    python manage.py jobs apply --from-code [--dry-run] [--prune]
     python manage.py jobs tasks [--json]
     python manage.py jobs purge-runs --older-than-days N [--batch N] [--max-rows N] [--dry-run]
 
@@ -24,7 +25,7 @@ from typing import Any
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import registry, retention, selectors, services
+from jobs import declarations, registry, retention, selectors, services
 from jobs.models import AuditSource, Job
 from jobs.services import ActionNotAllowed, Actor
 from jobs.validation import JobValidationError
@@ -70,7 +71,12 @@ class Command(BaseCommand):
         export.add_argument("--format", choices=["yaml", "json"], default="yaml")
         export.add_argument("--output", "-o", help="File to write (default: standard output)")
         apply = sub.add_parser("apply", help="Create/update jobs by name from a YAML/JSON file")
-        apply.add_argument("file", help="Path, or - for standard input")
+        apply.add_argument("file", nargs="?", help="Path, or - for standard input")
+        apply.add_argument(
+            "--from-code",
+            action="store_true",
+            help="Apply the jobs declared in code (declare_job, @task(schedule=)), not a file",
+        )
         apply.add_argument("--dry-run", action="store_true", help="Show the diff, write nothing")
         apply.add_argument("--prune", action="store_true", help="Delete jobs absent from the file")
         purge = sub.add_parser(
@@ -193,9 +199,13 @@ class Command(BaseCommand):
                 item["priority"] = priority
             items = [dict(item) for _ in range(count)]
         runs = services.runs_enqueue(job_id=target.pk, items=items, by=CLI_ACTOR)
-        ids = [run.pk for run in runs]
+        ids = [run.pk for run in runs if run.newly_enqueued]
+        kept = len(runs) - len(ids)
         shown = ", ".join(map(str, ids)) if len(ids) <= 10 else f"{ids[0]} ... {ids[-1]}"
-        self.stdout.write(f"enqueued {len(ids)} run(s) of {target.name}: {shown}")
+        line = f"enqueued {len(ids)} run(s) of {target.name}" + (f": {shown}" if ids else "")
+        if kept:
+            line += f"; {kept} already enqueued under their idempotency_key"
+        self.stdout.write(line)
 
     def do_pause(self, *, job: str, **_: Any) -> None:
         target = services.job_pause(job_id=selectors.job_get_by_name_or_id(job).pk, by=CLI_ACTOR)
@@ -222,8 +232,23 @@ class Command(BaseCommand):
         else:
             self.stdout.write(text)
 
-    def do_apply(self, *, file: str, dry_run: bool, prune: bool, **_: Any) -> None:
-        definitions = _load_definitions(file)
+    def do_apply(
+        self, *, file: str | None, from_code: bool, dry_run: bool, prune: bool, **_: Any
+    ) -> None:
+        if from_code == (file is not None):
+            raise CommandError(
+                "apply takes a FILE or --from-code (one of them)", returncode=EXIT_USAGE
+            )
+        if from_code:
+            definitions = declarations.declared_jobs()
+            if not definitions:
+                raise CommandError(
+                    "no job is declared in code (declare_job, @task(schedule=)) in any installed "
+                    "app's tasks.py or SCHEDULER_TASK_MODULES",
+                    returncode=EXIT_USAGE,
+                )
+        else:
+            definitions = _load_definitions(file)
         results = services.job_apply_definitions(
             definitions=definitions, by=CLI_ACTOR, dry_run=dry_run, prune=prune
         )
