@@ -888,7 +888,7 @@ def main() -> None:
     env = Environment(database_url, workdir, pin_cpus=not args.no_pin)
     # This process is the submitting client of both systems (our enqueue and batch services, the
     # peer's apply_async): loaded as a web process is, and frozen as one is (freeze_loaded).
-    from scheduler_project.startup import freeze_loaded
+    from cluster.startup import freeze_loaded
 
     freeze_loaded()
     results: dict[str, Any] = {

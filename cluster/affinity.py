@@ -10,7 +10,7 @@ library) gets only the pinned CPUs. Process-isolated tasks are never pinned (the
 gets back the CPUs the node had before).
 
 Linux only (``os.sched_setaffinity``); elsewhere a request to pin is refused when the settings
-load (``scheduler_settings``, which also refuses CPUs the process may not use).
+load (``cluster.conf``, which also refuses CPUs the process may not use).
 """
 
 from __future__ import annotations

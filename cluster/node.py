@@ -43,12 +43,12 @@ from cluster.dbhealth import UNREACHABLE, DatabaseHealth, Reachability, is_conne
 from cluster.elector import UNABLE, ElectionConfig, LeaderElector
 from cluster.executor import PREPARE_WORKERS, RECONCILE_AFTER_S, Executor, Runner
 from cluster.fencing import Fenced, fence_current, fence_raise, tenure
+from cluster.logcontext import process_context, set_process_context
 from cluster.membership import Membership
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
 from cluster.timesync import TimeKeeper
 from cluster.wake import WAKE_CHANNEL
 from jobs import notifications
-from scheduler_project.logging import process_context, set_process_context
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from cluster.startup import freeze_loaded  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
-from scheduler_project.startup import freeze_loaded  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -17,7 +17,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from scheduler_project import scheduler_settings
+from cluster import conf as scheduler_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SCHEDULER_VAR_DIR", BASE_DIR / "var"))
@@ -379,12 +379,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "json": {"()": "scheduler_project.logging.JsonFormatter"},
+        "json": {"()": "cluster.logcontext.JsonFormatter"},
         "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s%(context)s"},
     },
     "filters": {
-        "context": {"()": "scheduler_project.logging.ContextFilter"},
-        "one_line_cache_errors": {"()": "scheduler_project.logging.OneLineCacheErrors"},
+        "context": {"()": "cluster.logcontext.ContextFilter"},
+        "one_line_cache_errors": {"()": "cluster.logcontext.OneLineCacheErrors"},
     },
     "handlers": {
         "console": {

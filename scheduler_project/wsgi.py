@@ -5,6 +5,6 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
 application = get_wsgi_application()
 
-from scheduler_project.startup import freeze_loaded  # noqa: E402
+from cluster.startup import freeze_loaded  # noqa: E402
 
 freeze_loaded()

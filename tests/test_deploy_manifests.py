@@ -149,7 +149,7 @@ def test_the_web_is_probed_on_the_apps_health_urls():
 
 
 def _drain_grace(command: list[str]) -> float:
-    from scheduler_project.scheduler_settings import KNOBS
+    from cluster.conf import KNOBS
 
     found = re.search(r"--grace[ =](\S+)", " ".join(command))
     return float(found.group(1)) if found else KNOBS["DRAIN_GRACE_S"][0]

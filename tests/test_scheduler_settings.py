@@ -8,7 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduler_project import scheduler_settings
+from cluster import conf as scheduler_settings
 
 
 def test_the_defaults_are_the_documented_ones():

@@ -31,10 +31,10 @@ from cluster.child import run_task
 from cluster.clock import Clock
 from cluster.executor.output import call_task, install_output_capture, task_context
 from cluster.executor.runs import ActiveRun, Outcome
+from cluster.logcontext import execution_context
 from jobs import registry, secrets
 from jobs.models import Isolation
 from jobs.states import ExecutionStatus
-from scheduler_project.logging import execution_context
 
 logger = logging.getLogger(__name__)
 

@@ -374,7 +374,8 @@ class ChaosRun:
     def _setup_django(self) -> None:
         os.environ["SCHEDULER_REDIS_PREFIX"] = f"chaos{os.getpid()}"
         os.environ["SCHEDULER_TASK_MODULES"] = TASK_MODULE
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
+        if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+            raise RuntimeError("DJANGO_SETTINGS_MODULE is not set (the chaos command sets it)")
         import django
 
         django.setup()
@@ -433,6 +434,8 @@ class ChaosRun:
         self.say(f"links: every node reaches {', '.join(targets)} through a path of its own")
 
     def _node_env(self, node_id: str) -> dict[str, str]:
+        from django.conf import settings as django_settings
+
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         node_url = self.plan.database_url
         links = self.links.get(node_id)
@@ -449,7 +452,7 @@ class ChaosRun:
         env.update(
             {
                 "DATABASE_URL": node_url,
-                "DJANGO_SETTINGS_MODULE": "scheduler_project.settings",
+                "DJANGO_SETTINGS_MODULE": django_settings.SETTINGS_MODULE,
                 "SCHEDULER_TASK_MODULES": TASK_MODULE,
                 "LOG_FORMAT": "json",  # parsed for the "started leading (term N)" lines
                 "LOG_LEVEL": "INFO",

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
+from cluster.conf import redis_channel_layers
 from jobs.services import SYSTEM, job_create, job_trigger
-from scheduler_project.scheduler_settings import redis_channel_layers
 from tests.cluster.live_helpers import Dashboard, of_type, run, session_headers
 
 INTERVAL = {"name": "idle", "task": "noop", "schedule_type": "interval", "interval_seconds": 3600}

@@ -15,6 +15,7 @@ import pytest
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 
 from cluster.clock import SettableClock
+from cluster.conf import DB_STALL_MARGIN_S
 from cluster.dbhealth import (
     CONNECTION_ERROR_CODES,
     STALL_MARGIN_S,
@@ -23,7 +24,6 @@ from cluster.dbhealth import (
     client_timeout_s,
     is_connection_error,
 )
-from scheduler_project.scheduler_settings import DB_STALL_MARGIN_S
 
 LIMIT_S = 1.0
 LOST = OperationalError(2013, "Lost connection to server during query")

@@ -36,13 +36,13 @@ from cluster.executor import (
 )
 from cluster.executor import core as executor_core
 from cluster.executor.output import install_output_capture
+from cluster.logcontext import ContextFilter, JsonFormatter, set_process_context
 from cluster.membership import Membership
 from jobs import driver, executions, services
 from jobs.models import ConcurrencyPolicy, Isolation, Job, JobExecution, Trigger
 from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
 from jobs.states import TERMINAL_STATES, ExecutionStatus
-from scheduler_project.logging import ContextFilter, JsonFormatter, set_process_context
 from tests.cluster.harness import running_executor, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

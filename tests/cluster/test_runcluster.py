@@ -176,3 +176,18 @@ def test_a_taken_port_is_one_clear_line_and_a_non_zero_status(tmp_path):
     assert result.returncode == 1
     assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
     assert "started" not in result.stdout
+
+
+def test_the_web_process_serves_the_projects_own_asgi_application(settings):
+    """runcluster starts daphne on ``settings.ASGI_APPLICATION``, not on a project it names: a
+    host project's settings bring their own."""
+    from django.core.management import CommandError
+
+    from cluster.management.commands.runcluster import asgi_target
+
+    assert asgi_target() == "scheduler_project.asgi:application"
+    settings.ASGI_APPLICATION = "mysite.asgi.application"
+    assert asgi_target() == "mysite.asgi:application"
+    settings.ASGI_APPLICATION = "application"
+    with pytest.raises(CommandError, match="not a dotted path"):
+        asgi_target()

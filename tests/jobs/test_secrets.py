@@ -221,7 +221,7 @@ def test_a_secret_set_nowhere_fails_the_run_naming_it(executor, monkeypatch):
 def test_no_log_line_of_a_run_carries_its_secret(executor, monkeypatch, caplog):
     """Everything logged while a run that uses a secret is claimed, started and finished (DEBUG
     and up, every logger), formatted as the JSON and text handlers would: no secret value."""
-    from scheduler_project.logging import ContextFilter, JsonFormatter
+    from cluster.logcontext import ContextFilter, JsonFormatter
 
     monkeypatch.setenv("SCHEDULER_SECRET_LOGGED", SECRET_VALUE)
     caplog.set_level("DEBUG")

@@ -291,7 +291,8 @@ class Command(BaseCommand):
         env.update(
             {
                 "DATABASE_URL": url,
-                "DJANGO_SETTINGS_MODULE": "scheduler_project.settings",
+                # The settings this command runs with (the host project's, when it has one).
+                "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
                 "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
                 "SCHEDULER_VAR_DIR": str(run_dir / "var"),
                 "PYTHONUNBUFFERED": "1",

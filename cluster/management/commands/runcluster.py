@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.management import get_commands
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
@@ -118,7 +119,7 @@ class Command(BaseCommand):
                 host,
                 "-p",
                 str(port),
-                "scheduler_project.asgi:application",
+                asgi_target(),
             ],
         )
         workers: list[Supervised] = []
@@ -238,3 +239,11 @@ class Command(BaseCommand):
         node.restart_at = now + delay
         self.stderr.write(f"{node.name} exited with status {status}; restarting in {delay:.0f} s")
         self.stderr.flush()
+
+
+def asgi_target() -> str:
+    """``settings.ASGI_APPLICATION`` as daphne takes it (``module:attribute``)."""
+    module, _, attribute = settings.ASGI_APPLICATION.rpartition(".")
+    if not module:
+        raise CommandError(f"ASGI_APPLICATION {settings.ASGI_APPLICATION!r} is not a dotted path")
+    return f"{module}:{attribute}"

@@ -21,18 +21,18 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from cluster import affinity, node_metrics, tracing
+from cluster import conf as scheduler_settings
 from cluster.apps import limit_idle_transactions
 from cluster.clock import ReferenceClock
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
+from cluster.logcontext import set_process_context
 from cluster.node import (
     NodeConfig,
     NodeRunner,
     connection_budget_problem,
 )
-from scheduler_project import scheduler_settings
-from scheduler_project.logging import set_process_context
-from scheduler_project.startup import freeze_loaded
+from cluster.startup import freeze_loaded
 
 logger = logging.getLogger("cluster.runnode")
 EXIT_USAGE = 2
