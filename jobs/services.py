@@ -479,19 +479,18 @@ def runs_enqueue(
         raise JobValidationError({"task": [str(exc)]}) from None
     errors: dict[str, list[str]] = {}
     runs: list[dict[str, Any]] = []
+    first_with_key: dict[str, int] = {}  # each key's first item, by its index in the request
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             errors[f"{index}"] = [ERR_ENQUEUE_ITEM_NOT_OBJECT]
             continue
         try:
-            runs.append(
-                clean_enqueued_run(item, task=job.task, job_args=job.args, job_kwargs=job.kwargs)
-            )
+            run = clean_enqueued_run(item, task=job.task, job_args=job.args, job_kwargs=job.kwargs)
         except JobValidationError as exc:
             errors.update((f"{index}.{field}", reasons) for field, reasons in exc.errors.items())
-    first_with_key: dict[str, int] = {}
-    for index, run in enumerate(runs):
-        key = run.get("idempotency_key") if run else None
+            continue
+        runs.append(run)
+        key = run["idempotency_key"]
         if key is None:
             continue
         if key in first_with_key:

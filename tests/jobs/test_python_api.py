@@ -16,7 +16,7 @@ from django.utils import timezone
 
 import jobs
 import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
-from jobs import declarations, events, executions, services
+from jobs import declarations, events, executions, registry, services
 from jobs.client import NoJobForTask, Run, enqueue_task, job_for_task
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, Trigger
 from jobs.registry import task
@@ -240,18 +240,36 @@ def test_a_bad_idempotency_key_is_refused_by_field(key, reason):
 
 
 @pytest.mark.django_db
-def test_a_key_repeated_within_one_request_is_refused():
+def test_a_key_repeated_within_one_request_is_refused_by_the_items_own_indexes():
     job = make_job()
     with pytest.raises(JobValidationError) as refused:
         services.runs_enqueue(
             job_id=job.pk,
-            items=[{"idempotency_key": "x"}, {}, {"idempotency_key": "x"}],
+            items=[{"priority": 10**6}, {"idempotency_key": "x"}, {}, {"idempotency_key": "x"}],
             by=services.SYSTEM,
         )
-    assert refused.value.errors == {
-        "2.idempotency_key": [ERR_IDEMPOTENCY_KEY_REPEATED.format(index=0)]
-    }
+    assert set(refused.value.errors) == {"0.priority", "3.idempotency_key"}
+    assert refused.value.errors["3.idempotency_key"] == [
+        ERR_IDEMPOTENCY_KEY_REPEATED.format(index=1)
+    ]
     assert not JobExecution.objects.exists()
+
+
+@pytest.mark.django_db
+def test_keys_differing_only_in_case_or_trailing_spaces_are_different_keys():
+    """On MariaDB too, whose default collation compares text ignoring case, accents and trailing
+    spaces: the column compares bytes."""
+    job = make_job()
+    keys = ["Invoice-1", "invoice-1", "invoice-1 ", "invöice-1"]
+    runs = services.runs_enqueue(
+        job_id=job.pk, items=[{"idempotency_key": key} for key in keys], by=services.SYSTEM
+    )
+    assert all(run.newly_enqueued for run in runs)
+    again = services.runs_enqueue(
+        job_id=job.pk, items=[{"idempotency_key": key} for key in keys], by=services.SYSTEM
+    )
+    assert [run.pk for run in again] == [run.pk for run in runs]
+    assert not any(run.newly_enqueued for run in again)
 
 
 @pytest.mark.django_db
@@ -284,18 +302,18 @@ def declared():
         declarations.forget(name)
 
 
-def test_task_schedule_declares_a_job_named_after_the_task(declared):
+def test_task_schedule_declares_a_job_named_after_the_task(declared, monkeypatch):
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))  # tasks of this test only
+    declared.extend(["test.pyapi.nightly", "every-5-minutes"])
+
     @task("test.pyapi.nightly", schedule="0 3 * * *", job={"kwargs": {"days": 30}})
     def nightly(days: int) -> None:
         """Declared with its job."""
-
-    declared.append("test.pyapi.nightly")
 
     @task("test.pyapi.every", schedule=timedelta(minutes=5), job={"name": "every-5-minutes"})
     def every() -> None:
         """Every five minutes."""
 
-    declared.append("every-5-minutes")
     found = {d["name"]: d for d in declarations.declared_jobs()}
     assert found["test.pyapi.nightly"] == {
         "name": "test.pyapi.nightly",
