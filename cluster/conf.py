@@ -111,6 +111,55 @@ def load(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     return values
 
 
+def from_mapping(given: Mapping[str, Any], *, where: str = "SCHEDULER") -> dict[str, Any]:
+    """A project's ``SCHEDULER = {...}``: the defaults for every knob it leaves out, each given
+    one checked (its type and range), and the whole set checked together. Raises
+    ImproperlyConfigured naming the key."""
+    if not isinstance(given, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict of knobs, not {type(given).__name__}")
+    unknown = sorted(set(given) - set(KNOBS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; the knobs are "
+            f"{', '.join(KNOBS)}"
+        )
+    values: dict[str, Any] = {}
+    for key, (default, parse, check) in KNOBS.items():
+        if key not in given:
+            values[key] = default
+            continue
+        value = given[key]
+        if isinstance(value, str) and parse is not str:
+            try:
+                value = parse(value)
+            except ValueError as exc:
+                raise ImproperlyConfigured(
+                    f"{where}[{key!r}]={given[key]!r}: not a {parse.__name__}"
+                ) from exc
+        expected = type(default)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise ImproperlyConfigured(
+                f"{where}[{key!r}]={given[key]!r}: must be a {expected.__name__}"
+            )
+        problem = check(value)
+        if problem:
+            raise ImproperlyConfigured(f"{where}[{key!r}]={given[key]!r}: {problem}")
+        values[key] = value
+    problem = together(values)
+    if problem:
+        raise ImproperlyConfigured(f"{where}: {problem}")
+    return values
+
+
+def knobs() -> dict[str, Any]:
+    """This installation's node knobs: ``settings.SCHEDULER`` (absent: every default), checked."""
+    from django.conf import settings
+
+    return from_mapping(getattr(settings, "SCHEDULER", {}))
+
+
 def with_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` with the given values (a process's flags; None: not given), checked the same way.
     Raises ValueError naming the flag."""

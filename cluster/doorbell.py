@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
-
 from cluster import wake
+from jobs.conf import app_setting
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ RETRY_AFTER_ERROR_S = 1.0
 
 
 def enabled() -> bool:
-    return settings.SCHEDULER_COORDINATION == "redis"
+    return app_setting("SCHEDULER_COORDINATION") == "redis"
 
 
 class Ringer:

@@ -9,13 +9,13 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
 from cluster.coordination import CoordinationError, get_backend
 from cluster.dbhealth import UNREACHABLE
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from jobs.conf import app_setting
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def cluster_state(*, now: datetime | None = None) -> dict[str, Any]:
         "leader": term.node_id if term else None,
         "term": term.term if term else None,
         "leader_since": term.acquired_at if term else None,
-        "coordination": settings.SCHEDULER_COORDINATION,
+        "coordination": app_setting("SCHEDULER_COORDINATION"),
         "nodes": by_status,
         "time": now,
     }

@@ -8,7 +8,7 @@ import logging
 import threading
 from typing import Any
 
-from django.conf import settings
+from jobs.conf import app_setting
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,9 @@ def publisher() -> Any:
             from cluster.coordination.redis_backend import RedisBackend
 
             _publisher = RedisBackend(
-                settings.REDIS_URL, prefix=settings.SCHEDULER_REDIS_PREFIX, redlock_urls=None
+                app_setting("REDIS_URL"),
+                prefix=app_setting("SCHEDULER_REDIS_PREFIX"),
+                redlock_urls=None,
             )
         return _publisher
 
@@ -33,7 +35,7 @@ def publisher() -> Any:
 def wake_nodes(**_payload: Any) -> None:
     """Receiver of jobs.events.job_changed (sent after commit): a job edited, created, paused or
     triggered may give a node something new to do."""
-    if settings.SCHEDULER_COORDINATION != "redis":
+    if app_setting("SCHEDULER_COORDINATION") != "redis":
         return
     try:
         publisher().publish(WAKE_CHANNEL, "changed")

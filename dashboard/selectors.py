@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db.models import (
     Count,
     DurationField,
@@ -27,6 +26,7 @@ from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 from django.utils.datastructures import MultiValueDict
 
+from cluster import conf
 from cluster.models import LeadershipTerm, SchedulerNode
 from dashboard import live
 from jobs import registry
@@ -294,7 +294,7 @@ def cluster_payload() -> dict[str, Any]:
 def liveness_thresholds() -> dict[str, float]:
     """Heartbeat ages (seconds) at which the page marks a node late, then presumed dead, for a
     node that has not recorded its own timing: this installation's settings (SCHEDULER)."""
-    knobs = settings.SCHEDULER
+    knobs = conf.knobs()
     return {"late_s": knobs["HEARTBEAT_S"] * 2, "dead_s": knobs["DEAD_AFTER_S"]}
 
 

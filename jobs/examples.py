@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-
 from jobs import registry, services
+from jobs.conf import app_setting
 from jobs.models import AuditEvent, Job
 
 DESCRIPTION = (
@@ -72,7 +71,7 @@ def first_start() -> bool:
 def create_on_first_start() -> list[Job]:
     """Create the example jobs if the setting is on and this is a first start; returns them
     (empty when nothing was created)."""
-    if not getattr(settings, "SCHEDULER_EXAMPLE_JOBS", False) or not first_start():
+    if not app_setting("SCHEDULER_EXAMPLE_JOBS") or not first_start():
         return []
     items = [
         {"description": DESCRIPTION, **example}

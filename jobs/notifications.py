@@ -31,6 +31,7 @@ from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.db.models import Exists, F, OuterRef
 
+from jobs.conf import app_setting
 from jobs.models import (
     JobExecution,
     Notification,
@@ -193,7 +194,7 @@ def deliver(now: datetime) -> int:
 
 def payload(item: Notification) -> dict[str, Any]:
     run = item.execution
-    base = getattr(settings, "SCHEDULER_BASE_URL", "").rstrip("/")
+    base = app_setting("SCHEDULER_BASE_URL").rstrip("/")
     return {
         "event": item.event,
         "rule": item.rule.name,
@@ -245,7 +246,7 @@ def send(item: Notification) -> None:
 def _post(url: str, body: dict[str, Any]) -> None:
     data = json.dumps(body).encode()
     headers = {"Content-Type": "application/json", "User-Agent": "django-cluster-scheduler"}
-    secret = getattr(settings, "SCHEDULER_WEBHOOK_SECRET", "")
+    secret = app_setting("SCHEDULER_WEBHOOK_SECRET")
     if secret:
         digest = hmac.new(secret.encode(), data, hashlib.sha256).hexdigest()
         headers["X-Scheduler-Signature"] = f"sha256={digest}"

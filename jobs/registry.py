@@ -439,12 +439,13 @@ def autodiscover() -> None:
     ``settings.SCHEDULER_TASK_MODULES``, so their tasks register. Safe to call again."""
     from importlib import import_module
 
-    from django.conf import settings
     from django.utils.module_loading import autodiscover_modules
+
+    from jobs.conf import app_setting
 
     with _discover_lock:
         autodiscover_modules("tasks")
-        for module in getattr(settings, "SCHEDULER_TASK_MODULES", []):
+        for module in app_setting("SCHEDULER_TASK_MODULES"):
             import_module(module)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
+from jobs.conf import app_setting
 
 REFERENCE_KEY = "$secret"
 NAME_PATTERN = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
@@ -153,7 +153,7 @@ def lookup(name: str) -> str:
     from_env = os.environ.get(ENV_PREFIX + name)
     if from_env is not None:
         return from_env
-    directory = settings.SCHEDULER_SECRETS_DIR
+    directory = app_setting("SCHEDULER_SECRETS_DIR")
     if directory:
         path = Path(directory) / name
         try:

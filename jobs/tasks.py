@@ -22,9 +22,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
 from django.core.management import call_command, get_commands
 
+from jobs.conf import app_setting
 from jobs.registry import TaskArgumentError, TaskContext, TaskError, bind_arguments, task
 
 MAX_SLEEP_S = 86400
@@ -240,7 +240,7 @@ def _allowed(host: str, port: int) -> bool:
     """Whether (host, port) is on SCHEDULER_HTTP_ALLOWED_HOSTS: an entry with a port allows that
     port only; a bare host allows only the scheme's default port (with ``localhost`` allowed, any
     local service's port used to be reachable, its answer readable in the run's result)."""
-    for entry in settings.SCHEDULER_HTTP_ALLOWED_HOSTS:
+    for entry in app_setting("SCHEDULER_HTTP_ALLOWED_HOSTS"):
         if not entry.strip():
             continue
         allowed_host, allowed_port = _allowlist_entry(entry)
@@ -288,7 +288,7 @@ def _check_http(
     _check_url(url)
     if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
         raise _Refused("method", f"method must be one of {', '.join(HTTP_METHODS)}, got {method!r}")
-    max_timeout = settings.SCHEDULER_HTTP_MAX_TIMEOUT_S
+    max_timeout = app_setting("SCHEDULER_HTTP_MAX_TIMEOUT_S")
     if not _is_number(timeout) or not math.isfinite(timeout):
         raise _Refused("timeout", f"timeout must be a number of seconds, got {timeout!r}")
     if not 0 < timeout <= max_timeout:
@@ -432,7 +432,7 @@ def http_request(
 def _check_command(command: Any, args: Any = None) -> None:
     if not isinstance(command, str) or not command:
         raise _Refused("command", f"command must be a non-empty string, got {command!r}")
-    if command not in settings.SCHEDULER_ALLOWED_COMMANDS:
+    if command not in app_setting("SCHEDULER_ALLOWED_COMMANDS"):
         raise _Refused("command", f"command {command!r} is not in SCHEDULER_ALLOWED_COMMANDS")
     if command not in get_commands():
         raise _Refused("command", f"command {command!r} is allowed but not installed")

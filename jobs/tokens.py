@@ -13,10 +13,10 @@ import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.conf import app_setting
 from jobs.models import ApiToken
 
 PREFIX_CHARS = 8
@@ -39,7 +39,7 @@ def digest(key: str) -> str:
 
 
 def default_lifetime() -> timedelta | None:
-    days = settings.SCHEDULER_TOKEN_TTL_DAYS
+    days = app_setting("SCHEDULER_TOKEN_TTL_DAYS")
     return timedelta(days=days) if days > 0 else None
 
 

@@ -13,10 +13,10 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
 from jobs import registry, schedules, secrets
+from jobs.conf import app_setting
 from jobs.definition import (  # noqa: F401 - re-exported: the names every caller knows
     BOOLEAN,
     CHOICE,
@@ -260,7 +260,7 @@ def _call_arguments(errors: _Errors, task: str | None, args: Any, kwargs: Any) -
     credential in them must be a secret reference (``jobs.secrets``), checked against the task
     with a stand-in for the secret."""
     # First: the checks below walk the values recursively (a RecursionError, a 500, when deep).
-    depth = settings.SCHEDULER_MAX_ARGS_DEPTH
+    depth = app_setting("SCHEDULER_MAX_ARGS_DEPTH")
     too_deep = [
         field
         for field, value in (("args", args), ("kwargs", kwargs))
@@ -278,7 +278,7 @@ def _call_arguments(errors: _Errors, task: str | None, args: Any, kwargs: Any) -
     for path, message in plain:
         errors.add(path, message)
     # Each value encoded once, for the size limit and the plain-JSON check (validate_task_call's).
-    limit = settings.SCHEDULER_MAX_ARGS_BYTES
+    limit = app_setting("SCHEDULER_MAX_ARGS_BYTES")
     plain_json: dict[str, bool] = {}
     for field, value in (("args", args), ("kwargs", kwargs)):
         try:

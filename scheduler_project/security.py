@@ -6,7 +6,7 @@ their width from script, through the CSS object model, which a policy does not g
 ``script-src 'self'`` and ``style-src 'self'`` hold on every page. The pages under
 ``/api/`` and ``/api-auth/`` are third-party pages (REST framework's browsable API, Swagger UI,
 Redoc) full of inline styles: they alone may use inline styles, never inline script (REST
-framework's logout link is rewritten as a form button in ``templates/rest_framework/api.html``;
+framework's logout link is rewritten as a form button in ``dashboard/templates/rest_framework/api.html``;
 Swagger UI's start-up script is served as a file of its own).
 
 ``ChunkedBodyMiddleware``: a body sent with ``Transfer-Encoding: chunked`` has no

@@ -79,6 +79,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Before the API's apps: its templates override a few of theirs (the browsable API's page,
+    # ReDoc's); its pages, files and the rest are its own (templates/dashboard/, static/dashboard/).
+    "dashboard",
     "rest_framework",
     # Only for the migration that moves its clear-text keys into jobs.ApiToken as digests.
     "rest_framework.authtoken",
@@ -89,7 +92,6 @@ INSTALLED_APPS = [
     "axes",
     "jobs",
     "cluster",
-    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -134,7 +136,7 @@ ASGI_APPLICATION = "scheduler_project.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -358,7 +360,6 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", BASE_DIR / "staticfiles"))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

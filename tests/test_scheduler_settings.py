@@ -98,3 +98,56 @@ def test_a_node_records_its_own_timing_and_the_pages_judge_it_by_that(make_user)
         html = client.get(path).content.decode()
         assert 'data-heartbeat-s="2" data-dead-s="10"' in html, path
     assert client.get(f"/api/nodes/{row.pk}/").json()["dead_after_s"] == 10.0
+
+
+def test_a_projects_scheduler_dict_gets_every_default_and_each_value_is_checked():
+    knobs = scheduler_settings.from_mapping({"CAPACITY": 4, "QUEUES": "default, reports"})
+    assert knobs["CAPACITY"] == 4 and knobs["QUEUES"] == ["default", "reports"]
+    assert knobs["LEASE_TTL_MS"] == scheduler_settings.KNOBS["LEASE_TTL_MS"][0]
+    assert scheduler_settings.from_mapping({"DEAD_AFTER_S": 3})["DEAD_AFTER_S"] == 3.0
+    assert scheduler_settings.from_mapping({}) == scheduler_settings.load({})
+    for given, named in [
+        ({"CAPACITY": 0}, "SCHEDULER['CAPACITY']=0: must be at least 1"),
+        ({"CAPACITY": "many"}, "SCHEDULER['CAPACITY']='many': not a int"),
+        ({"CAPACITY": True}, "must be a int"),
+        ({"CAPACITY": 2.5}, "must be a int"),
+        ({"CAPASITY": 4}, "unknown key(s) 'CAPASITY'"),
+        ({"LEASE_TTL_MS": 1000, "RENEW_DEADLINE_MS": 1000}, "RENEW_DEADLINE_MS must be below"),
+    ]:
+        with pytest.raises(ImproperlyConfigured) as refused:
+            scheduler_settings.from_mapping(given)
+        assert named in str(refused.value), given
+    with pytest.raises(ImproperlyConfigured, match="must be a dict"):
+        scheduler_settings.from_mapping([("CAPACITY", 4)])
+
+
+def test_an_app_setting_a_project_leaves_out_is_its_default(settings):
+    from jobs.conf import DEFAULTS, app_setting
+
+    settings.SCHEDULER_MAX_ARGS_DEPTH = 5
+    assert app_setting("SCHEDULER_MAX_ARGS_DEPTH") == 5
+    del settings.SCHEDULER_MAX_ARGS_DEPTH
+    assert app_setting("SCHEDULER_MAX_ARGS_DEPTH") == DEFAULTS["SCHEDULER_MAX_ARGS_DEPTH"] == 16
+    with pytest.raises(KeyError):
+        app_setting("NOT_A_SCHEDULER_SETTING")
+
+
+def test_every_setting_the_apps_read_has_a_default():
+    """The apps read settings only through app_setting (a project that leaves one out gets its
+    default), and each name they read is one of its defaults."""
+    import re
+    from pathlib import Path
+
+    from jobs.conf import DEFAULTS
+
+    root = Path(__file__).resolve().parent.parent
+    read: set[str] = set()
+    for app in ("jobs", "cluster", "dashboard"):
+        for path in (root / app).rglob("*.py"):
+            text = path.read_text()
+            read.update(re.findall(r'app_setting\("([A-Z_]+)"\)', text))
+            direct = re.findall(
+                r"(?<![`\w.])settings\.(SCHEDULER_\w+|REDIS_URL|REDLOCK_URLS)", text
+            )
+            assert not direct, f"{path}: reads settings.{direct[0]} directly"
+    assert read and read <= set(DEFAULTS), sorted(read - set(DEFAULTS))

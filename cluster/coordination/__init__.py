@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.conf import app_setting
+
 from .base import (
     CoordinationBackend,
     CoordinationError,
@@ -48,16 +50,14 @@ def get_backend(kind: str | None = None, **overrides: Any) -> CoordinationBacken
     The Redis backend reads ``REDIS_URL``, ``REDLOCK_URLS`` and ``SCHEDULER_REDIS_PREFIX``; keyword
     ``overrides`` replace any constructor argument (``url``, ``prefix``, ``clock``, timeouts...).
     """
-    from django.conf import settings
-
-    kind = kind or settings.SCHEDULER_COORDINATION
+    kind = kind or app_setting("SCHEDULER_COORDINATION")
     if kind == "redis":
         from .redis_backend import RedisBackend
 
         options: dict[str, Any] = {
-            "url": settings.REDIS_URL,
-            "redlock_urls": settings.REDLOCK_URLS or None,
-            "prefix": settings.SCHEDULER_REDIS_PREFIX,
+            "url": app_setting("REDIS_URL"),
+            "redlock_urls": app_setting("REDLOCK_URLS") or None,
+            "prefix": app_setting("SCHEDULER_REDIS_PREFIX"),
         }
         options.update(overrides)
         return RedisBackend(**options)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 
 from cluster import doorbell
+from jobs.conf import app_setting
 
 # WebSocket close codes of the protocol.
 CLOSE_UNAUTHENTICATED = 4401
@@ -38,10 +38,10 @@ class LiveConfig:
     @classmethod
     def from_settings(cls) -> LiveConfig:
         config = cls(
-            poll_s=float(getattr(settings, "SCHEDULER_LIVE_POLL_S", 0.05)),
-            recheck_s=float(getattr(settings, "SCHEDULER_LIVE_RECHECK_S", 2.0)),
-            lookback_s=float(getattr(settings, "SCHEDULER_LIVE_LOOKBACK_S", 5.0)),
-            idle_poll_s=float(getattr(settings, "SCHEDULER_LIVE_IDLE_POLL_S", 1.0)),
+            poll_s=float(app_setting("SCHEDULER_LIVE_POLL_S")),
+            recheck_s=float(app_setting("SCHEDULER_LIVE_RECHECK_S")),
+            lookback_s=float(app_setting("SCHEDULER_LIVE_LOOKBACK_S")),
+            idle_poll_s=float(app_setting("SCHEDULER_LIVE_IDLE_POLL_S")),
             doorbell=doorbell.enabled(),
         )
         if min(config.poll_s, config.recheck_s) <= 0 or config.lookback_s < 0:

@@ -73,7 +73,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     _decorate(page.object_list, node_map)
     return render(
         request,
-        "audit/list.html",
+        "dashboard/audit/list.html",
         page_context(
             request,
             page=page,

@@ -54,7 +54,7 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     nodes = sorted(set(node_map) | ({node} if node else set()))
     return render(
         request,
-        "executions/list.html",
+        "dashboard/executions/list.html",
         page_context(
             request,
             page=page,
@@ -108,7 +108,7 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
     decorate_executions([execution, *chain], node_map)
     return render(
         request,
-        "executions/detail.html",
+        "dashboard/executions/detail.html",
         page_context(
             request,
             execution=execution,

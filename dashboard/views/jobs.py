@@ -76,7 +76,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     filtered = bool(search) or any(filters.values())
     return render(
         request,
-        "jobs/list.html",
+        "dashboard/jobs/list.html",
         page_context(
             request,
             page=page,
@@ -115,7 +115,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     )
     return render(
         request,
-        "jobs/detail.html",
+        "dashboard/jobs/detail.html",
         page_context(
             request,
             node_map=node_map,
@@ -151,7 +151,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Job “{job.name}” created.")
             return redirect("dashboard:job-detail", pk=job.pk)
-    return render(request, "jobs/form.html", _form_context(request, form=form, job=None))
+    return render(request, "dashboard/jobs/form.html", _form_context(request, form=form, job=None))
 
 
 @role_required(ADMIN)
@@ -191,7 +191,7 @@ def job_edit(request: HttpRequest, pk: int) -> HttpResponse:
         version_form = JobVersionForm(initial={"version": job.version})
     return render(
         request,
-        "jobs/form.html",
+        "dashboard/jobs/form.html",
         _form_context(
             request,
             form=form,
@@ -223,7 +223,7 @@ def job_delete(request: HttpRequest, pk: int) -> HttpResponse:
         return redirect("dashboard:job-list")
     return render(
         request,
-        "jobs/confirm_delete.html",
+        "dashboard/jobs/confirm_delete.html",
         page_context(
             request,
             job=job,

@@ -32,7 +32,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
     nodes = selectors.nodes()
     return render(
         request,
-        "nodes/list.html",
+        "dashboard/nodes/list.html",
         page_context(
             request,
             nodes=nodes,
@@ -57,7 +57,7 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     terms = selectors.node_terms(node)
     return render(
         request,
-        "nodes/detail.html",
+        "dashboard/nodes/detail.html",
         page_context(
             request,
             node=node,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.db import OperationalError
 from rest_framework import status
@@ -15,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from jobs.api.parsers import ERR_TOO_LARGE, PayloadTooLarge
+from jobs.conf import app_setting
 from jobs.services import ActionNotAllowed, VersionConflict
 from jobs.states import IllegalTransition
 from jobs.validation import JobValidationError
@@ -44,7 +44,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = ValidationError(exc.errors)
     elif isinstance(exc, RequestDataTooBig):
         # Django refuses the body by its declared length before reading it (no memory spent).
-        limit = settings.SCHEDULER_MAX_REQUEST_BYTES
+        limit = app_setting("SCHEDULER_MAX_REQUEST_BYTES")
         exc = PayloadTooLarge(ERR_TOO_LARGE.format(limit=limit))
     elif isinstance(exc, ObjectDoesNotExist):
         exc = NotFound()

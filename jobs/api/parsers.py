@@ -11,6 +11,7 @@ from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
 
+from jobs.conf import app_setting
 from jobs.validation import nested_deeper_than
 
 ERR_TOO_LARGE = "Request body is larger than {limit} bytes."
@@ -23,7 +24,7 @@ BODY_DEPTH_AROUND_ARGS = 4
 
 
 def max_body_depth() -> int:
-    return settings.SCHEDULER_MAX_ARGS_DEPTH + BODY_DEPTH_AROUND_ARGS
+    return app_setting("SCHEDULER_MAX_ARGS_DEPTH") + BODY_DEPTH_AROUND_ARGS
 
 
 class PayloadTooLarge(APIException):
@@ -37,7 +38,7 @@ def _reject_constant(name: str) -> Any:
 
 class BoundedJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        limit = settings.SCHEDULER_MAX_REQUEST_BYTES
+        limit = app_setting("SCHEDULER_MAX_REQUEST_BYTES")
         request = (parser_context or {}).get("request")
         declared = request.META.get("CONTENT_LENGTH") if request is not None else None
         if declared and declared.isdigit() and int(declared) > limit:

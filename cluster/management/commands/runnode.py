@@ -15,7 +15,6 @@ import socket
 import threading
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
@@ -33,6 +32,7 @@ from cluster.node import (
     connection_budget_problem,
 )
 from cluster.startup import freeze_loaded
+from jobs.conf import app_setting
 
 logger = logging.getLogger("cluster.runnode")
 EXIT_USAGE = 2
@@ -62,7 +62,7 @@ class Command(BaseCommand):
     help = "Run a scheduler node (leader election, scheduling, execution)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        knobs = settings.SCHEDULER
+        knobs = scheduler_settings.knobs()
 
         def knob(flag: str, key: str, kind: type, text: str) -> None:
             # Unset: settings.SCHEDULER's value (its default, or SCHEDULER_<KEY>).
@@ -81,7 +81,7 @@ class Command(BaseCommand):
             "--coordination",
             choices=["database", "redis"],
             default=None,
-            help=f"Coordination backend (default: {settings.SCHEDULER_COORDINATION})",
+            help=f"Coordination backend (default: {app_setting('SCHEDULER_COORDINATION')})",
         )
         knob("--lease-ttl-ms", "LEASE_TTL_MS", int, "Leader lease TTL")
         knob("--renew-deadline-ms", "RENEW_DEADLINE_MS", int, "A leader steps down past this")
@@ -129,7 +129,7 @@ class Command(BaseCommand):
                     raise ValueError(
                         f"--cpus: {given['CPUS']!r} is not a comma-separated list of CPU numbers"
                     ) from None
-            knobs = scheduler_settings.with_overrides(settings.SCHEDULER, given)
+            knobs = scheduler_settings.with_overrides(scheduler_settings.knobs(), given)
             config = NodeConfig(
                 node_id=options["node_id"],
                 queues=knobs["QUEUES"],
@@ -145,7 +145,7 @@ class Command(BaseCommand):
                     retry_period_ms=knobs["RETRY_PERIOD_MS"],
                 ),
             )
-            idle_s = settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S
+            idle_s = app_setting("SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S")
             if idle_s and idle_s * 1000 >= config.election.renew_deadline_ms:
                 raise ValueError(
                     ERR_IDLE_TIMEOUT.format(idle=idle_s, deadline=config.election.renew_deadline_ms)
@@ -159,14 +159,14 @@ class Command(BaseCommand):
             tracing.configure(config.node_id)
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
-        limit_idle_transactions(settings.SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S)
+        limit_idle_transactions(app_setting("SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S"))
         connections.close_all()  # reopened with the limit
-        coordination = options["coordination"] or settings.SCHEDULER_COORDINATION
+        coordination = options["coordination"] or app_setting("SCHEDULER_COORDINATION")
         try:
             problem = connection_budget_problem(
                 node_id=config.node_id,
                 coordination=coordination,
-                reserve=settings.SCHEDULER_WEB_DB_CONNECTIONS,
+                reserve=app_setting("SCHEDULER_WEB_DB_CONNECTIONS"),
                 dead_after_s=config.dead_after_s,
             )
         except DatabaseError as exc:

@@ -6,9 +6,10 @@ import os
 import secrets
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
+
+from jobs.conf import app_setting
 
 PASSWORD_BYTES = 18
 
@@ -21,14 +22,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, username: str, **options: Any) -> None:
         users = get_user_model()
-        password_file = settings.VAR_DIR / "admin_password"
+        password_file = app_setting("VAR_DIR") / "admin_password"
         if users.objects.filter(is_superuser=True).exists():
             hint = f" (initial password in {password_file})" if password_file.exists() else ""
             self.stdout.write(f"An administrator already exists{hint}.")
             return
         password = secrets.token_urlsafe(PASSWORD_BYTES)
         users.objects.create_superuser(username=username, email="", password=password)
-        settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+        app_setting("VAR_DIR").mkdir(parents=True, exist_ok=True)
         fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(password + "\n")
