@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 
 DEFAULTS: dict[str, Any] = {
-    # Coordination: the embedded default is the database; "redis" needs REDIS_URL.
+    # Coordination: "redis" when REDIS_URL is set, else the database (see app_setting).
     "SCHEDULER_COORDINATION": "database",
     "REDIS_URL": "",
     "REDLOCK_URLS": [],
@@ -56,4 +56,8 @@ DEFAULTS: dict[str, Any] = {
 def app_setting(name: str) -> Any:
     """``settings.<name>`` if the project sets it, else its default here (KeyError: not a setting
     of the scheduler's)."""
-    return getattr(settings, name, DEFAULTS[name])
+    if hasattr(settings, name):
+        return getattr(settings, name)
+    if name == "SCHEDULER_COORDINATION":  # as this repository's settings: Redis once it has one
+        return "redis" if app_setting("REDIS_URL") else "database"
+    return DEFAULTS[name]

@@ -130,6 +130,11 @@ def test_an_app_setting_a_project_leaves_out_is_its_default(settings):
     assert app_setting("SCHEDULER_MAX_ARGS_DEPTH") == DEFAULTS["SCHEDULER_MAX_ARGS_DEPTH"] == 16
     with pytest.raises(KeyError):
         app_setting("NOT_A_SCHEDULER_SETTING")
+    del settings.SCHEDULER_COORDINATION
+    settings.REDIS_URL = ""
+    assert app_setting("SCHEDULER_COORDINATION") == "database"
+    settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    assert app_setting("SCHEDULER_COORDINATION") == "redis"
 
 
 def test_every_setting_the_apps_read_has_a_default():
