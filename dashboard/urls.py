@@ -1,4 +1,5 @@
-"""URLs of the server-rendered dashboard (mounted at the site root by scheduler_project.urls).
+"""URLs of the server-rendered dashboard, included where the dashboard should live (at the site
+root in scheduler_project.urls; under a prefix in a project of one's own).
 
 Every page and action is reached by its name in the ``dashboard`` namespace (``reverse`` in
 Python, ``{% url %}`` in templates): the API's router has names of its own (``job-detail``)."""

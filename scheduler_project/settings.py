@@ -18,6 +18,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from cluster import conf as scheduler_settings
+from jobs.api import settings as api_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SCHEDULER_VAR_DIR", BASE_DIR / "var"))
@@ -306,52 +307,14 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
-REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Token first: an anonymous API call then gets 401 with WWW-Authenticate, not 403.
-        "jobs.api.authentication.HashedTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "DEFAULT_PERMISSION_CLASSES": ["jobs.api.permissions.RolePermission"],
-    "DEFAULT_PARSER_CLASSES": ["jobs.api.parsers.BoundedJSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "jobs.api.pagination.Pagination",
-    "DEFAULT_FILTER_BACKENDS": [
-        "jobs.api.filters.StrictFilterBackend",
-        "jobs.api.filters.SearchFilter",
-        "jobs.api.filters.OrderingFilter",
-    ],
-    "DEFAULT_SCHEMA_CLASS": "jobs.api.schema.SchedulerAutoSchema",
-    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
-    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+REST_FRAMEWORK = api_settings.rest_framework(
     # Per user (token or session) for every call, stricter for writes; per address when anonymous.
     # Counted in the cache: shared by every web process when REDIS_URL is set (see CACHES).
-    "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
-        "jobs.api.throttling.WriteRateThrottle",
-    ],
-    "DEFAULT_THROTTLE_RATES": {
-        "anon": os.environ.get("SCHEDULER_API_RATE_ANON", "60/min"),
-        "user": os.environ.get("SCHEDULER_API_RATE_USER", "1200/min"),
-        "writes": os.environ.get("SCHEDULER_API_RATE_WRITES", "300/min"),
-    },
-}
-SPECTACULAR_SETTINGS = {
-    "TITLE": "Job scheduler API",
-    "DESCRIPTION": "Jobs, executions, nodes and the cluster of the distributed job scheduler.",
-    "VERSION": "1.0.0",
-    "SERVE_INCLUDE_SCHEMA": False,
-    # The schema and docs pages need a login like everything else (docs/security.md).
-    "SERVE_PERMISSIONS": ["jobs.api.permissions.RolePermission"],
-    "SWAGGER_UI_DIST": "SIDECAR",
-    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
-    "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": [
-        "drf_spectacular.hooks.postprocess_schema_enums",
-        "jobs.api.schema.text_parameters_without_nul",
-    ],
-}
+    anon_rate=os.environ.get("SCHEDULER_API_RATE_ANON", "60/min"),
+    user_rate=os.environ.get("SCHEDULER_API_RATE_USER", "1200/min"),
+    writes_rate=os.environ.get("SCHEDULER_API_RATE_WRITES", "300/min"),
+)
+SPECTACULAR_SETTINGS = api_settings.SPECTACULAR_SETTINGS
 
 # --- i18n, static ---------------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

@@ -1,47 +1,12 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.templatetags.static import static
 from django.urls import include, path
 from django.views.defaults import page_not_found
 from django.views.generic import RedirectView
-from drf_spectacular.views import (
-    SpectacularAPIView,
-    SpectacularRedocView,
-    SpectacularSwaggerSplitView,
-)
-from rest_framework.routers import DefaultRouter
 
-from cluster.api import ClusterStateView, NodeViewSet, TermViewSet
-from jobs.api.views import (
-    AuditEventViewSet,
-    ExecutionViewSet,
-    JobViewSet,
-    SchedulePreviewView,
-    TaskCatalogView,
-)
 from scheduler_project import health
-
-
-class _SignInFirst:
-    """A docs page opened signed out sends the browser to sign in (and back), instead of a blank
-    "401 Unauthorized" page; the schema itself still answers 401 to API clients."""
-
-    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
-        # Before DRF's own checks (which answer 401): a browser without a session, not an API
-        # client presenting a token.
-        if not request.user.is_authenticated and "HTTP_AUTHORIZATION" not in request.META:
-            return redirect_to_login(request.get_full_path())
-        return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
-
-
-class SwaggerDocs(_SignInFirst, SpectacularSwaggerSplitView):
-    """Its start-up script is served as a file of its own (?script): no inline script (CSP)."""
-
-
-class RedocDocs(_SignInFirst, SpectacularRedocView):
-    pass
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
@@ -53,13 +18,6 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 handler404 = not_found
-
-router = DefaultRouter()
-router.register("jobs", JobViewSet, basename="job")
-router.register("executions", ExecutionViewSet, basename="execution")
-router.register("nodes", NodeViewSet, basename="node")
-router.register("terms", TermViewSet, basename="term")
-router.register("audit-events", AuditEventViewSet, basename="auditevent")
 
 urlpatterns = [
     # The live dashboard (server-rendered pages fed by the /ws/dashboard/ WebSocket).
@@ -75,13 +33,7 @@ urlpatterns = [
     path("", include("dashboard.urls")),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
-    path("api/cluster/", ClusterStateView.as_view(), name="cluster-state"),
-    path("api/schedule-preview/", SchedulePreviewView.as_view(), name="schedule-preview"),
-    path("api/tasks/", TaskCatalogView.as_view(), name="task-catalog"),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SwaggerDocs.as_view(url_name="api-schema"), name="api-docs"),
-    path("api/redoc/", RedocDocs.as_view(url_name="api-schema"), name="api-redoc"),
-    path("api/", include(router.urls)),
+    path("api/", include("dashboard.api_urls")),
     path("api-auth/", include("rest_framework.urls")),
     path("admin/", admin.site.urls),
     # Browsers ask for /favicon.ico on pages that name no icon (the admin, the browsable API).

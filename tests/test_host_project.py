@@ -101,6 +101,30 @@ def test_a_host_project_migrates_checks_and_finds_its_own_task(wheel: Path, tmp_
     assert migrated.returncode == 0, migrated.stderr
     checked = manage("check")
     assert checked.returncode == 0, checked.stderr
+    pages = manage(
+        "shell",
+        "-c",
+        "import json\n"
+        "from django.contrib.auth import get_user_model\n"
+        "from django.test import Client\n"
+        "anonymous = Client()\n"
+        "admin = Client()\n"
+        "admin.force_login(get_user_model().objects.create_superuser('ops', 'o@shop.test', 'x'))\n"
+        "home = admin.get('/ops/scheduler/')\n"
+        "print(json.dumps({'home': home.status_code, 'body': home.content.decode(),\n"
+        "  'jobs': admin.get('/ops/scheduler/jobs/').status_code,\n"
+        "  'api': admin.get('/ops/scheduler/api/jobs/').status_code,\n"
+        "  'anonymous_api': anonymous.get('/ops/scheduler/api/jobs/').status_code,\n"
+        "  'anonymous_page': anonymous.get('/ops/scheduler/jobs/').status_code}))",
+    )
+    assert pages.returncode == 0, pages.stderr
+    seen = json.loads(pages.stdout.strip().splitlines()[-1])
+    assert (seen["home"], seen["jobs"], seen["api"]) == (200, 200, 200), seen
+    assert seen["anonymous_api"] in (401, 403) and seen["anonymous_page"] == 302
+    # The pages' scripts find the dashboard, the API and the sign-in page where the shop put them.
+    assert 'data-root="/ops/scheduler/"' in seen["body"]
+    assert 'data-api="/ops/scheduler/api/"' in seen["body"]
+    assert 'data-login="/accounts/login/"' in seen["body"]
     tasks = manage("jobs", "tasks")
     assert tasks.returncode == 0, tasks.stderr
     assert "shop.count_orders: Count the shop's orders" in tasks.stdout
@@ -146,3 +170,22 @@ def test_a_host_project_migrates_checks_and_finds_its_own_task(wheel: Path, tmp_
         output, _ = node.communicate(timeout=60)
     assert node.returncode == 0, output
     assert len(results) >= 2 and set(results) == {2}, output  # the body counted the shop's orders
+
+
+def test_the_api_refuses_to_load_on_drfs_own_defaults(settings):
+    """A project that includes the API without its DRF settings would serve it open to anyone
+    (DRF's default permission is AllowAny): dashboard.api_urls refuses to load instead."""
+    import importlib
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    import dashboard.api_urls
+
+    ours = settings.REST_FRAMEWORK
+    settings.REST_FRAMEWORK = {}
+    try:
+        with pytest.raises(ImproperlyConfigured, match=r"jobs\.api\.settings\.rest_framework"):
+            importlib.reload(dashboard.api_urls)
+    finally:
+        settings.REST_FRAMEWORK = ours
+        importlib.reload(dashboard.api_urls)

@@ -4,10 +4,12 @@ own database, and the scheduler's three apps from the installed package."""
 import os
 from pathlib import Path
 
+from jobs.api.settings import SPECTACULAR_SETTINGS, rest_framework
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "host-project-test-only"
 DEBUG = False
-ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 ROOT_URLCONF = "hostsite.urls"
@@ -57,6 +59,11 @@ DATABASES = {
     }
 }
 STATIC_URL = "/static/"
+LOGIN_URL = "login"
+
+# The scheduler's API (under ops/scheduler/api/, see urls.py) with its own DRF settings.
+REST_FRAMEWORK = rest_framework()
+SPECTACULAR_SETTINGS = {**SPECTACULAR_SETTINGS, "TITLE": "Shop scheduler API"}
 
 # The scheduler: a few node knobs (the rest are their defaults); coordination in the shop's own
 # database (the default).

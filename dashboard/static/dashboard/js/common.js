@@ -10,6 +10,17 @@
 
   var Sched = (window.Sched = window.Sched || {});
 
+  // --- addresses ---------------------------------------------------------------------------------
+  // Where the dashboard, the API and the sign-in page are mounted (the page says: a project may
+  // include them under a prefix of its own). Paths are given without their leading slash.
+  function mounted(name, fallback) {
+    var value = document.body && document.body.dataset[name];
+    return value || fallback;
+  }
+  Sched.url = function (path) { return mounted("root", "/") + (path || ""); };
+  Sched.api = function (path) { return mounted("api", "/api/") + (path || ""); };
+  Sched.loginUrl = function () { return mounted("login", "/login/"); };
+
   // --- clock -----------------------------------------------------------------------------------
   // serverOffsetMs = server clock - browser clock, so ages are measured on the server's clock.
   Sched.serverOffsetMs = 0;
@@ -354,7 +365,7 @@
   Sched.nodeLink = function (nodeId) {
     if (!nodeId) return Sched.el("span", { class: "muted" }, "—");
     var pk = Sched.nodeMap[nodeId];
-    return pk ? Sched.el("a", { href: "/nodes/" + pk + "/" }, nodeId) : document.createTextNode(nodeId);
+    return pk ? Sched.el("a", { href: Sched.url("nodes/" + pk + "/") }, nodeId) : document.createTextNode(nodeId);
   };
 
   // --- execution table rows (the same cells as templates/partials/execution_row.html) --------
@@ -362,8 +373,8 @@
     select: function (e) {
       return Sched.el("input", { type: "checkbox", name: "ids", value: String(e.id), form: "bulk-executions", "aria-label": "Select run " + e.id });
     },
-    id: function (e) { return Sched.el("a", { href: "/executions/" + e.id + "/", "aria-label": "Execution " + e.id }, "#" + e.id); },
-    job: function (e) { return Sched.el("a", { href: "/jobs/" + e.job + "/" }, e.job_name || "job " + e.job); },
+    id: function (e) { return Sched.el("a", { href: Sched.url("executions/" + e.id + "/"), "aria-label": "Execution " + e.id }, "#" + e.id); },
+    job: function (e) { return Sched.el("a", { href: Sched.url("jobs/" + e.job + "/") }, e.job_name || "job " + e.job); },
     scheduled_for: function (e) { return Sched.timeEl(e.scheduled_for); },
     attempt: function (e) { return String(e.attempt); },
     trigger: function (e) { return Sched.el("span", { class: "tag" }, Sched.TRIGGER_LABELS[e.trigger] || e.trigger); },
@@ -475,7 +486,7 @@
     query.set("updated_after", sinceIso);
     query.set("page_size", "200");
     query.set("ordering", "created_at");
-    return fetch("/api/executions/?" + query.toString(), { credentials: "same-origin", headers: { Accept: "application/json" } })
+    return fetch(Sched.api("executions/?" + query.toString()), { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (response) {
         if (!response.ok) throw new Error("HTTP " + response.status);
         return response.json();

@@ -176,7 +176,7 @@
       if (!row) {
         row = Sched.el("tr", { "data-execution-id": e.id, "data-attempt": e.attempt }, [
           Sched.el("td", { class: "num" }, String(e.attempt)),
-          Sched.el("td", null, Sched.el("a", { href: "/executions/" + e.id + "/" }, "#" + e.id)),
+          Sched.el("td", null, Sched.el("a", { href: Sched.url("executions/" + e.id + "/") }, "#" + e.id)),
           Sched.el("td", { "data-col": "status" }),
           Sched.el("td", { "data-col": "finished_at" }),
         ]);
@@ -196,7 +196,7 @@
     }
 
     function fetchFull() {
-      return fetch("/api/executions/" + id + "/", { credentials: "same-origin", headers: { Accept: "application/json" } })
+      return fetch(Sched.api("executions/" + id + "/"), { credentials: "same-origin", headers: { Accept: "application/json" } })
         .then(function (response) {
           if (!response.ok) throw new Error("HTTP " + response.status);
           return response.json();

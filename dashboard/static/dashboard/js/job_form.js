@@ -214,7 +214,7 @@
     var mine = ++sequence;
     controller = typeof AbortController === "function" ? new AbortController() : null;
     setState("Computing the next fire times…", "loading");
-    fetch("/api/schedule-preview/?" + built.params.toString(), {
+    fetch(Sched.api("schedule-preview/?" + built.params.toString()), {
       credentials: "same-origin",
       headers: { Accept: "application/json" },
       signal: controller ? controller.signal : undefined,

@@ -119,7 +119,7 @@
           var shown = link ? parseInt(link.getAttribute("href").split("/")[2], 10) : 0;
           if (e.id >= shown) {
             Sched.clear(cell);
-            cell.appendChild(Sched.el("a", { href: "/executions/" + e.id + "/", class: "badge-link" }, Sched.statusBadge(e.status)));
+            cell.appendChild(Sched.el("a", { href: Sched.url("executions/" + e.id + "/"), class: "badge-link" }, Sched.statusBadge(e.status)));
           }
         }
       });
@@ -158,7 +158,7 @@
             value: r.duration_ms,
             color: Sched.charts.STATUS_COLORS[r.status] || "#6b7a90",
             title: "#" + r.id + " — " + (Sched.STATUS_LABELS[r.status] || r.status) + ", " + Sched.formatDuration(r.duration_ms),
-            href: "/executions/" + r.id + "/",
+            href: Sched.url("executions/" + r.id + "/"),
           };
         }),
       });

@@ -49,7 +49,7 @@
 
   function url() {
     var scheme = window.location.protocol === "https:" ? "wss:" : "ws:";
-    return scheme + "//" + window.location.host + "/ws/dashboard/";
+    return scheme + "//" + window.location.host + Sched.url("ws/dashboard/");
   }
 
   // --- status indicator and banner -------------------------------------------------------------
@@ -160,7 +160,7 @@
       var text = document.getElementById("connection-banner-text");
       if (text) {
         text.appendChild(document.createTextNode(" "));
-        text.appendChild(Sched.el("a", { href: "/login/?next=" + encodeURIComponent(location.pathname + location.search) }, "Sign in"));
+        text.appendChild(Sched.el("a", { href: Sched.loginUrl() + "?next=" + encodeURIComponent(location.pathname + location.search) }, "Sign in"));
       }
       return;
     }

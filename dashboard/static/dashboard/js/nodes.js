@@ -30,7 +30,7 @@
     fields.push(el("button", { type: "submit", class: "btn btn--secondary" + (small ? " btn--small" : "") }, label));
     return el("form", {
       method: "post",
-      action: "/nodes/" + node.id + "/" + action + "/",
+      action: Sched.url("nodes/" + node.id + "/" + action + "/"),
       class: "inline-form",
       "data-action": action,
       "data-confirm": confirm,
@@ -74,7 +74,7 @@
       var focusedPk = focused ? focused.dataset.nodePk : null;
       Sched.clear(tbody);
       data.nodes.forEach(function (node) {
-        var name = [el("a", { href: "/nodes/" + node.id + "/", class: "strong" }, node.node_id)];
+        var name = [el("a", { href: Sched.url("nodes/" + node.id + "/"), class: "strong" }, node.node_id)];
         if (node.node_id === data.leader) name.push(" ", el("span", { class: "leader-badge" }, "★ Leader · term " + data.term));
         var cells = [
           el("td", null, name),
@@ -87,7 +87,7 @@
         ];
         if (canOperate) {
           var action = null;
-          if (node.status === "active" && !node.drain_requested) action = drainForm(node, "/nodes/", "Drain", true);
+          if (node.status === "active" && !node.drain_requested) action = drainForm(node, Sched.url("nodes/"), "Drain", true);
           else if (gone(node)) action = forgetForm(node, "Remove", true);
           cells.push(el("td", null, action));
         }

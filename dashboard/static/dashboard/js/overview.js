@@ -177,7 +177,7 @@
     var el = Sched.el;
     var capacity = node.capacity || 0;
     var percent = capacity ? Math.min(100, Math.round((100 * node.running_count) / capacity)) : 0;
-    var head = [el("h3", { class: "node-card__title" }, el("a", { href: "/nodes/" + node.id + "/" }, node.node_id))];
+    var head = [el("h3", { class: "node-card__title" }, el("a", { href: Sched.url("nodes/" + node.id + "/") }, node.node_id))];
     if (node.node_id === leader) head.push(el("span", { class: "leader-badge", title: "Current leader" }, "★ Leader · term " + term));
     head.push(el("span", { class: "badge badge--node-" + node.status, title: node.degraded_reason || null }, node.status));
     if (node.drain_requested && node.status === "active") head.push(el("span", { class: "tag tag--warn" }, "drain requested"));
@@ -274,7 +274,7 @@
   Sched.live.on("executions", onExecutions);
   Sched.live.on("open", function (info) {
     // Whatever happened while we were not connected: fetch the aggregates again.
-    fetch("/dashboard/stats.json", { credentials: "same-origin", headers: { Accept: "application/json" } })
+    fetch(Sched.url("dashboard/stats.json"), { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (response) {
         if (!response.ok) throw new Error("HTTP " + response.status);
         return response.json();
