@@ -39,6 +39,9 @@ class ClusterConfig(AppConfig):
     verbose_name = "Cluster"
 
     def ready(self) -> None:
+        from django.core import checks
+
+        checks.register(check_scheduler_knobs, checks.Tags.compatibility)
         from django.db.backends.signals import connection_created
 
         from cluster.dbhealth import apply_limits
@@ -55,3 +58,18 @@ class ClusterConfig(AppConfig):
         events.executions_changed.connect(wake_for_executions, dispatch_uid="cluster-wake-runs")
         events.job_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-job")
         events.executions_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-runs")
+
+
+def check_scheduler_knobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """``manage.py check`` (and every command that runs the checks): a wrong ``SCHEDULER`` knob
+    as one line naming it, not a traceback."""
+    from django.core import checks
+    from django.core.exceptions import ImproperlyConfigured
+
+    from cluster import conf
+
+    try:
+        conf.knobs()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="cluster.E001")]
+    return []

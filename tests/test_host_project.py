@@ -127,7 +127,7 @@ def test_a_host_project_migrates_checks_and_finds_its_own_task(wheel: Path, tmp_
     assert 'data-login="/accounts/login/"' in seen["body"]
     tasks = manage("jobs", "tasks")
     assert tasks.returncode == 0, tasks.stderr
-    assert "shop.count_orders: Count the shop's orders" in tasks.stdout
+    assert "shop.count_orders: Record a tally of the shop's orders" in tasks.stdout
     assert "noop" in tasks.stdout  # the built-in tasks come with the package
 
     # The shop's data, a job of its task, and one node of its own running it.
@@ -170,6 +170,38 @@ def test_a_host_project_migrates_checks_and_finds_its_own_task(wheel: Path, tmp_
         output, _ = node.communicate(timeout=60)
     assert node.returncode == 0, output
     assert len(results) >= 2 and set(results) == {2}, output  # the body counted the shop's orders
+    tallies = manage(
+        "shell",
+        "-c",
+        "from shop.models import Order; print(Order.objects.filter(reference='tally-2').count())",
+    )
+    assert int(tallies.stdout.strip().splitlines()[-1]) >= len(results)  # and wrote the shop's own
+    # A wrong knob in the shop's SCHEDULER: one line naming it (Django's system check, which
+    # runnode runs first: exit 1), no traceback, and `check` fails the same way.
+    bad = {**env, "DJANGO_SETTINGS_MODULE": "hostsite.settings_bad"}
+    (project / "hostsite" / "settings_bad.py").write_text(
+        "from hostsite.settings import *  # noqa: F403\nSCHEDULER = {'CAPACITY': 0}\n"
+    )
+    refused = subprocess.run(
+        [sys.executable, "manage.py", "runnode", "--node-id", "shop-2"],
+        cwd=project,
+        env=bad,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 1, refused.stderr
+    assert "SCHEDULER['CAPACITY']=0: must be at least 1" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    checked = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=project,
+        env=bad,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode != 0 and "cluster.E001" in checked.stderr
 
 
 def test_the_api_refuses_to_load_on_drfs_own_defaults(settings):

@@ -62,7 +62,11 @@ class Command(BaseCommand):
     help = "Run a scheduler node (leader election, scheduling, execution)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        knobs = scheduler_settings.knobs()
+        try:
+            knobs = scheduler_settings.knobs()
+        except ImproperlyConfigured:
+            # Said (naming the knob, exit 2) when the command runs: the help still works.
+            knobs = scheduler_settings.from_mapping({})
 
         def knob(flag: str, key: str, kind: type, text: str) -> None:
             # Unset: settings.SCHEDULER's value (its default, or SCHEDULER_<KEY>).
@@ -129,7 +133,11 @@ class Command(BaseCommand):
                     raise ValueError(
                         f"--cpus: {given['CPUS']!r} is not a comma-separated list of CPU numbers"
                     ) from None
-            knobs = scheduler_settings.with_overrides(scheduler_settings.knobs(), given)
+            try:
+                configured = scheduler_settings.knobs()
+            except ImproperlyConfigured as exc:
+                raise CommandError(f"settings: {exc}", returncode=2) from None
+            knobs = scheduler_settings.with_overrides(configured, given)
             config = NodeConfig(
                 node_id=options["node_id"],
                 queues=knobs["QUEUES"],

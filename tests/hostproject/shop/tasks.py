@@ -4,5 +4,7 @@ from shop.models import Order
 
 @task("shop.count_orders")
 def count_orders() -> int:
-    """Count the shop's orders (a task using the host's own model)."""
-    return Order.objects.count()
+    """Record a tally of the shop's orders (a task writing the host's own model)."""
+    count = Order.objects.exclude(reference__startswith="tally-").count()
+    Order.objects.create(reference=f"tally-{count}")
+    return count
