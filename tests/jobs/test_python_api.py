@@ -6,6 +6,7 @@ applied with ``jobs apply --from-code``."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from io import StringIO
 
@@ -171,11 +172,13 @@ def _claimable(node: str) -> list[int]:
 
 @pytest.mark.django_db(transaction=True)
 def test_on_mariadb_a_run_is_not_claimable_until_its_transaction_commits():
+    """The application's transaction takes 2 s after enqueueing; claimers on their own
+    connections, at its start and near its end, see nothing; after the commit, the run."""
     if connection.vendor != "mysql":
         pytest.skip("SQLite serialises writers: no claim can run beside an open write")
     make_job()
     enqueued = threading.Event()
-    commit = threading.Event()
+    committed = threading.Event()
     made: list[int] = []
 
     def application() -> None:
@@ -183,19 +186,23 @@ def test_on_mariadb_a_run_is_not_claimable_until_its_transaction_commits():
             with transaction.atomic():
                 made.append(report.enqueue(report_id=1).id)
                 enqueued.set()
-                # The application goes on with its own work for up to 2 s before committing.
-                commit.wait(2.0)
+                time.sleep(2.0)  # the application's own work before its commit
+            committed.set()
         finally:
             connections.close_all()
 
     thread = threading.Thread(target=application)
     thread.start()
     assert enqueued.wait(10)
-    before = _claimable("node-a")  # a claimer on its own connection, while the transaction is open
-    commit.set()
+    began = time.monotonic()
+    during = [_claimable("node-a")]
+    time.sleep(1.5)
+    during.append(_claimable("node-b"))
+    still_open = not committed.is_set()
     thread.join(10)
     after = _claimable("node-a")
-    assert before == [] and after == made
+    assert still_open and time.monotonic() - began >= 1.5
+    assert during == [[], []] and after == made
 
 
 @pytest.mark.django_db
