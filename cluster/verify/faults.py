@@ -20,6 +20,12 @@ ONEWAY_DB_LEADER = "oneway_db_leader"  # the leader's requests reach the databas
 ONEWAY_REDIS_LEADER = "oneway_redis_leader"
 SLOW_DB_LEADER = "slow_db_leader"
 SLOW_REDIS_LEADER = "slow_redis_leader"
+# A fault meant for the leader lands on a worker when no node leads at that instant, and is logged
+# with the role its target really had: the same cut or slow link, on a worker.
+ONEWAY_DB_WORKER = "oneway_db_worker"
+ONEWAY_REDIS_WORKER = "oneway_redis_worker"
+SLOW_DB_WORKER = "slow_db_worker"
+SLOW_REDIS_WORKER = "slow_redis_worker"
 DB_DOWN = "db_down"  # the database refuses every node at once (connections reset)
 MARIADB_RESTART = "mariadb_restart"  # the private MariaDB SIGKILLed, then started again
 REDIS_RESTART = "redis_restart"  # the coordination Redis restarted empty
@@ -64,9 +70,11 @@ PARTITION_KINDS = frozenset(
         PARTITION_BOTH_WORKER,
         ONEWAY_DB_LEADER,
         ONEWAY_REDIS_LEADER,
+        ONEWAY_DB_WORKER,
+        ONEWAY_REDIS_WORKER,
     }
 )
-SLOW_KINDS = frozenset({SLOW_DB_LEADER, SLOW_REDIS_LEADER})
+SLOW_KINDS = frozenset({SLOW_DB_LEADER, SLOW_REDIS_LEADER, SLOW_DB_WORKER, SLOW_REDIS_WORKER})
 
 # A process killed: a body of that pid with no end line ended there.
 KILL_FAULTS = frozenset({SIGKILL_LEADER, SIGKILL_WORKER, TWO_DOWN, KILL_IN_RECOVERY})

@@ -251,6 +251,18 @@ def lost_after_a_fault_on_another_node(h: History) -> None:
     h.faults.append(Fault("sigkill_worker", "n2", T0 + 3.1, T0 + 3.1))
 
 
+def lost_on_a_worker_cut_one_way(h: History) -> None:
+    """A fault dealt for the leader lands on a worker when nobody leads, logged with the role its
+    target had (oneway_db_worker): a run lost on that worker is excused as on any cut node."""
+    lost_with_no_fault(h)
+    h.faults.append(Fault("oneway_db_worker", "n3", T0 + 3.1, T0 + 8.6))
+
+
+def lost_on_a_worker_slowed(h: History) -> None:
+    lost_with_no_fault(h)
+    h.faults.append(Fault("slow_db_worker", "n3", T0 + 3.1, T0 + 8.6))
+
+
 def paused_for_a_while(h: History) -> None:
     for k in (4, 5, 6):
         row = _find(h, 2, k)
@@ -693,6 +705,8 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     ("lost, no fault", lost_with_no_fault, {c.UNEXCUSED_LOST: "with no fault on that node"}),
     ("lost, fault long before", lost_long_after_its_fault, {c.UNEXCUSED_LOST: "within 15 s"}),
     ("lost, fault elsewhere", lost_after_a_fault_on_another_node, {c.UNEXCUSED_LOST: "on node n3"}),
+    ("lost, worker cut one way", lost_on_a_worker_cut_one_way, {}),
+    ("lost, worker slowed", lost_on_a_worker_slowed, {}),
     ("paused", paused_for_a_while, {}),
     ("forbid overlap", forbid_runs_overlap, {c.FORBID_OVERLAP: "ran at the same time"}),
     ("overlap, end unknown", overlap_with_an_unknown_end, {}),
