@@ -128,27 +128,10 @@ def enqueue(
     )
 
 
-def enqueue_task(
-    task: str,
-    *,
-    job: Job | str | int | None = None,
-    args: list[Any] | None = None,
-    kwargs: dict[str, Any] | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    idempotency_key: str | None = None,
-    user: Any = None,
-) -> Run:
-    """``enqueue`` into ``job``, or, absent, into the task's own job (:func:`job_for_task`)."""
+def enqueue_task(task: str, *, job: Job | str | int | None = None, **options: Any) -> Run:
+    """``enqueue`` (the same ``options``) into ``job``, or, absent, into the task's own job
+    (:func:`job_for_task`)."""
     target = job_for_task(task) if job is None else _job(job)
     if target.task != task:
         raise NoJobForTask(f"job {target.name!r} runs task {target.task!r}, not {task!r}")
-    return enqueue(
-        target,
-        args=args,
-        kwargs=kwargs,
-        run_at=run_at,
-        priority=priority,
-        idempotency_key=idempotency_key,
-        user=user,
-    )
+    return enqueue(target, **options)
