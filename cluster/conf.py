@@ -87,28 +87,44 @@ def together(values: Mapping[str, Any]) -> str | None:
     return None
 
 
-def load(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``settings.SCHEDULER``: the defaults, overridden by ``SCHEDULER_<KEY>`` variables, checked."""
-    environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for key, (default, parse, check) in KNOBS.items():
-        name = f"SCHEDULER_{key}"
-        raw = environ.get(name)
-        if raw is None or raw == "":
-            values[key] = default
-            continue
+def _knob(key: str, raw: Any, label: str) -> Any:
+    """One knob's value from ``raw`` (text is parsed), checked; ImproperlyConfigured naming
+    ``label`` (``SCHEDULER_CAPACITY`` or ``SCHEDULER['CAPACITY']``) and the value."""
+    default, parse, check = KNOBS[key]
+    value = raw
+    if isinstance(raw, str) and parse is not str:
         try:
             value = parse(raw)
         except ValueError as exc:
-            raise ImproperlyConfigured(f"{name}={raw!r}: not a {parse.__name__}") from exc
-        problem = check(value)
-        if problem:
-            raise ImproperlyConfigured(f"{name}={raw!r}: {problem}")
-        values[key] = value
+            raise ImproperlyConfigured(f"{label}={raw!r}: not a {parse.__name__}") from exc
+    expected = type(default)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, expected) or isinstance(value, bool):
+        raise ImproperlyConfigured(f"{label}={raw!r}: must be a {expected.__name__}")
+    problem = check(value)
+    if problem:
+        raise ImproperlyConfigured(f"{label}={raw!r}: {problem}")
+    return value
+
+
+def _all_knobs(given: Mapping[str, Any], label: Callable[[str], str], where: str) -> dict[str, Any]:
+    """Every knob: the given ones checked, the rest their defaults; then the set as a whole."""
+    values = {
+        key: _knob(key, given[key], label(key)) if key in given else default
+        for key, (default, _, _) in KNOBS.items()
+    }
     problem = together(values)
     if problem:
-        raise ImproperlyConfigured(f"SCHEDULER_*: {problem}")
+        raise ImproperlyConfigured(f"{where}: {problem}")
     return values
+
+
+def load(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``settings.SCHEDULER``: the defaults, overridden by ``SCHEDULER_<KEY>`` variables, checked."""
+    environ = os.environ if environ is None else environ
+    given = {key: environ[f"SCHEDULER_{key}"] for key in KNOBS if environ.get(f"SCHEDULER_{key}")}
+    return _all_knobs(given, lambda key: f"SCHEDULER_{key}", "SCHEDULER_*")
 
 
 def from_mapping(given: Mapping[str, Any], *, where: str = "SCHEDULER") -> dict[str, Any]:
@@ -123,34 +139,7 @@ def from_mapping(given: Mapping[str, Any], *, where: str = "SCHEDULER") -> dict[
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; the knobs are "
             f"{', '.join(KNOBS)}"
         )
-    values: dict[str, Any] = {}
-    for key, (default, parse, check) in KNOBS.items():
-        if key not in given:
-            values[key] = default
-            continue
-        value = given[key]
-        if isinstance(value, str) and parse is not str:
-            try:
-                value = parse(value)
-            except ValueError as exc:
-                raise ImproperlyConfigured(
-                    f"{where}[{key!r}]={given[key]!r}: not a {parse.__name__}"
-                ) from exc
-        expected = type(default)
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, expected) or isinstance(value, bool):
-            raise ImproperlyConfigured(
-                f"{where}[{key!r}]={given[key]!r}: must be a {expected.__name__}"
-            )
-        problem = check(value)
-        if problem:
-            raise ImproperlyConfigured(f"{where}[{key!r}]={given[key]!r}: {problem}")
-        values[key] = value
-    problem = together(values)
-    if problem:
-        raise ImproperlyConfigured(f"{where}: {problem}")
-    return values
+    return _all_knobs(given, lambda key: f"{where}[{key!r}]", where)
 
 
 def knobs() -> dict[str, Any]:
