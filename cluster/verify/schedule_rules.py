@@ -152,7 +152,13 @@ def misfires(history: History, config: CheckConfig) -> list[Violation]:
             missed = sorted(
                 (r for r in tick if r.scheduled_for <= at), key=lambda r: r.scheduled_for
             )
-            late = bool(missed) and at - missed[0].scheduled_for > grace + config.timing_tolerance_s
+            # The leader judges a tick late by its own "now" against the job's next slot, to the
+            # microsecond; a tick taken on a slot instant lands within the tolerance of the grace
+            # whenever the grace is a whole number of intervals. There either decision is right,
+            # and the tick's skips say which one it took.
+            gap = at - missed[0].scheduled_for if missed else 0.0
+            tol = config.timing_tolerance_s
+            late = gap > grace + tol or (gap > grace - tol and any(map(_tick_skip, missed)))
             if not late:
                 for row in tick:
                     # A misfire skip is decided when it is written (its finished_at): past the

@@ -601,6 +601,40 @@ def run_all_skipped_some(h: History) -> None:
     _after_a_cluster_stop(h, "run_all", ran=(6, 7))
 
 
+def _tick_on_the_grace(h: History, policy: str, ran: tuple[int, ...]) -> None:
+    """Job 1 (grace 2 s): the leader ticked at T0 + 7.01, on a slot instant, and wrote
+    slots 5 to 7 (slot 5 then 2.01 s old: late by the leader's clock, within the checker's
+    tolerance of the grace), running those in ``ran`` and skipping the others."""
+    h.jobs[0] = dataclasses.replace(h.jobs[0], misfire_policy=policy, misfire_grace_seconds=2)
+    for k in (5, 6, 7):
+        fields = {"created_at": T0 + 7.01, "term": 2}
+        if k not in ran:
+            fields.update(status="skipped", reason=f"misfire: ({policy})", finished_at=T0 + 7.01)
+        row = _replace_row(h, 1, k, **fields)
+        if k in ran:
+            _move_effect(h, row.id, "start", T0 + 7.02 + 0.09 * ran.index(k))
+            _move_effect(h, row.id, "end", T0 + 7.10 + 0.09 * ran.index(k))
+        else:
+            _drop_effects(h, row.id)
+
+
+def skip_on_the_grace(h: History) -> None:
+    _tick_on_the_grace(h, "skip", ran=())
+
+
+def run_once_on_the_grace(h: History) -> None:
+    _tick_on_the_grace(h, "run_once", ran=(7,))
+
+
+def on_the_grace_ran_all(h: History) -> None:
+    """The same tick judged not late: every slot runs, no misfire skip."""
+    _tick_on_the_grace(h, "skip", ran=(5, 6, 7))
+
+
+def skip_on_the_grace_ran_one(h: History) -> None:
+    _tick_on_the_grace(h, "skip", ran=(7,))
+
+
 def misfire_at_run_time(h: History) -> None:
     """Slot 5 of job 1 (grace 2 s) was fired on time but could not start within its grace: the
     node skipped it at T0 + 7.2 — justified, and not the tick's doing."""
@@ -755,6 +789,14 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     ("run_all beyond its bound", run_all_beyond_its_bound, {}),
     ("run_all skipped some", run_all_skipped_some, {c.MISFIRE_POLICY: "expected the newest 5"}),
     ("misfire at run time", misfire_at_run_time, {}),
+    ("skip on the grace", skip_on_the_grace, {}),
+    ("run_once on the grace", run_once_on_the_grace, {}),
+    ("on the grace, ran all", on_the_grace_ran_all, {}),
+    (
+        "skip on the grace ran one",
+        skip_on_the_grace_ran_one,
+        {c.MISFIRE_POLICY: "expected the newest 0"},
+    ),
     ("misfire within grace", misfire_skip_within_grace, {c.MISFIRE_POLICY: "within its grace"}),
     ("cron job", cron_job, {}),
     ("cron slot missing", cron_job_missing_a_slot, {c.MISSING_SLOT: "slot 08:00:04.000Z"}),
