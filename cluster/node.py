@@ -99,6 +99,15 @@ OVERRUN_S = 1.0
 SLOW_ROUND_TRIP_S = 0.02
 SLOWER_THAN_PEER = 3.0
 YIELD_HOLD_S = 10.0
+# Claims follow the same rule: a node whose quickest control call over the last PACE_WINDOW_S took
+# SLOW_ROUND_TRIP_S or more, SLOWER_THAN_PEER times a live peer's round trip, steps back from
+# claiming and hands back what it claimed but has not started (a claim it cannot start in time
+# holds a forbid job's later fires behind it). Judged every PACE_JUDGE_S from the claim loop; it
+# claims again once its path is quick or no peer is faster, and not before STEP_BACK_MIN_S.
+PACE_WINDOW_S = 1.5
+PACE_JUDGE_S = 0.5
+STEP_BACK_MIN_S = 2.0
+SLOW_PATH = "database path slow"
 # How often a node audits the rows it holds against what it tracks (executor.reconcile).
 RECONCILE_INTERVAL_S = 2.0
 # A node that has claimed nothing for this long because it is full or cannot confirm its
@@ -275,6 +284,9 @@ class NodeRunner:
         self._yield_until = float("-inf")
         # When the leader pass now running began (monotonic), None between passes.
         self._pass_began: float | None = None
+        # Stepping back from claims on a slow path (see PACE_WINDOW_S): last judged, and since when.
+        self._pace_judged = float("-inf")
+        self._stepped_back_at: float | None = None
         self._idle_logged = float("-inf")
         self._threads: list[threading.Thread] = []
         self.membership = Membership(
@@ -398,6 +410,8 @@ class NodeRunner:
         round_trip = self.database.round_trip_s()
         if round_trip is not None:
             payload["db_rtt_ms"] = round(round_trip * 1000, 2)
+        if self.executor.held_back is not None:
+            payload["claims_held_back"] = self.executor.held_back
         if not database.reachable:
             # Read by the dashboard (a node alive here but cut off from the database is degraded)
             # and by the next leader (why this node's term ended).
@@ -751,6 +765,7 @@ class NodeRunner:
             self.config.lookahead_s,
             LEADER_CLAIM_LOOKAHEAD_S if self.is_leader else CLAIM_LOOKAHEAD_S,
         )
+        self._judge_claim_pace()
         claimed = self.executor.claim_once()
         self._note_claim_idle(self.executor.idle_reason)
         if claimed:
@@ -759,12 +774,54 @@ class NodeRunner:
             return self.executor.next_claim_in
         return self.config.claim_poll_s
 
+    def _judge_claim_pace(self) -> None:
+        """Step back from claiming while this node's database path is far slower than a peer's,
+        handing back the unstarted claims; claim again once it is not (see PACE_WINDOW_S)."""
+        now = self.clock.monotonic()
+        if now - self._pace_judged < PACE_JUDGE_S:
+            return
+        self._pace_judged = now
+        floor = self.database.fastest_since(now - PACE_WINDOW_S)
+        slow = floor is not None and floor >= SLOW_ROUND_TRIP_S
+        peer = self._faster_peer(floor) if slow and floor is not None else None
+        if self._stepped_back_at is None:
+            if peer is None or floor is None:
+                return
+            self._stepped_back_at = now
+            self.executor.held_back = SLOW_PATH
+            node_metrics.claims_held_back(True)
+            handed_back = self.executor.release_unstarted()
+            logger.warning(
+                "%s: its quickest call in the last %.1f s took %.0f ms, %.1f ms on %s: claiming "
+                "nothing, %d unstarted claims handed back",
+                SLOW_PATH,
+                PACE_WINDOW_S,
+                floor * 1000,
+                peer[1],
+                peer[0],
+                handed_back,
+                extra=self._log_extra,
+            )
+            return
+        if peer is not None or now - self._stepped_back_at < STEP_BACK_MIN_S:
+            return
+        held_s = now - self._stepped_back_at
+        self._stepped_back_at = None
+        self.executor.held_back = None
+        node_metrics.claims_held_back(False)
+        logger.info(
+            "claiming again after %.1f s: %s",
+            held_s,
+            "no live peer is faster" if slow else "the database path is quick again",
+            extra=self._log_extra,
+        )
+
     def _note_claim_idle(self, reason: str | None) -> None:
         """Log, at most every CLAIM_IDLE_LOG_S, that this node has claimed nothing for a reason of
         its own (full, membership unconfirmed) for that long: a node that silently stops claiming
         is the hardest stall to see from outside."""
         now = self.clock.monotonic()
-        if reason in (None, "nothing due", "draining"):
+        if reason in (None, "nothing due", "draining", SLOW_PATH):
             self._idle_since = None
             return
         if self._idle_since is None or self._idle_since[0] != reason:

@@ -150,6 +150,13 @@ class NodeMetrics:
             node,
             registry=r,
         )
+        self.claims_held_back = Gauge(
+            "scheduler_node_claims_held_back",
+            "1 while this node claims nothing because its database path is far slower than a "
+            "peer's, 0 while it claims.",
+            node,
+            registry=r,
+        )
         self.clock_offset = Gauge(
             "scheduler_node_clock_offset_seconds",
             "This machine's wall clock minus the database's, at the last reading (the node keeps "
@@ -158,6 +165,7 @@ class NodeMetrics:
             registry=r,
         )
         self.labels(self.database_reachable).set(1)
+        self.labels(self.claims_held_back).set(0)
         self.last_claim_pass = time.monotonic()
 
     def labels(self, metric: Any, **labels: str) -> Any:
@@ -250,6 +258,12 @@ def database(reachable: bool) -> None:
     m.labels(m.database_reachable).set(1 if reachable else 0)
     if not reachable:
         m.labels(m.database_outages).inc()
+
+
+def claims_held_back(held: bool) -> None:
+    m = _current
+    if m is not None:
+        m.labels(m.claims_held_back).set(1 if held else 0)
 
 
 def presence(seconds: float | None) -> None:

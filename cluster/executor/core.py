@@ -191,6 +191,9 @@ class Executor:
         # Runs made active but refused at their start while the database was unreachable (their
         # rows still say running): the presence names them so the leader hands them back.
         self._refused: OrderedDict[int, None] = OrderedDict()
+        # Why this node claims nothing for now, when its node says so (a database path far
+        # slower than a peer's); None: it claims.
+        self.held_back: str | None = None
         # Why the last claim pass took nothing (None when it claimed, or failed).
         self.idle_reason: str | None = None
         # Claim token prefixes of claims in flight (their rows are not tracked yet).
@@ -307,6 +310,9 @@ class Executor:
         if not self.membership.confirmed():
             # A node that cannot show it is still a member claims nothing it could not start.
             self.idle_reason = "membership unconfirmed"
+            return 0
+        if self.held_back is not None:
+            self.idle_reason = self.held_back
             return 0
         # Room and the gathering state change together, under the lock that a run's completion
         # takes to decide whether to wake this loop (``_room``): a wake-up cannot be lost between

@@ -15,7 +15,7 @@ import pytest
 from cluster.admission import REASON_FORBID, REASON_MISFIRE_STALE
 from cluster.executor import PREPARE_AHEAD_S
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
-from cluster.node import OVERRUN_S
+from cluster.node import OVERRUN_S, SLOW_PATH
 from cluster.scheduler import (
     REASON_MISFIRE_BEYOND_BOUND,
     REASON_MISFIRE_COALESCED,
@@ -363,6 +363,56 @@ def test_a_leader_pass_that_overruns_on_a_slow_path_hands_over_mid_pass(
     assert sim.leader() not in (None, leader)
     ended = LeadershipTerm.objects.filter(node_id=leader).exclude(ended_at=None).get()
     assert ended.end_reason == "fell_behind"
+
+
+@pytest.mark.parametrize(("peers_s", "steps_back"), [(0.001, True), (0.25, False)])
+def test_a_worker_on_a_slow_path_of_its_own_steps_back_from_claiming_and_comes_back(
+    make_sim, peers_s, steps_back
+):
+    """A worker whose every database call is far slower than a peer's claims nothing and hands
+    back the claims it has not started (a claim it cannot start in time holds a forbid job's
+    later fires behind it); once its path is quick again it claims again. When every node is as
+    slow (the database itself), it keeps claiming."""
+    sim = make_sim()
+    jobs = [
+        sim.create_job(name=f"tick-{k}", concurrency_policy="forbid", kwargs={"seconds": 0.3})
+        for k in range(6)
+    ]
+    sim.advance(3)
+    leader = sim.leader()
+    slow = next(n for n in sim.nodes if n != leader)
+    runner = sim.nodes[slow].runner
+    for node_id in sim.nodes:
+        _slow_path(sim, node_id, 0.25 if node_id == slow else peers_s)
+    sim.advance(1)  # every presence carries its round trip
+    assert [e for job in jobs for e in sim.starts(job) if e.node == slow], "slow node ran nothing"
+    runner.database.fastest_since = lambda since: 0.25
+    slowed_at = sim.clock.now()
+    sim.advance(4)
+
+    on_slow = [
+        e for job in jobs for e in sim.starts(job) if e.node == slow and e.at > slowed_at + 1
+    ]
+    if not steps_back:
+        assert runner.executor.held_back is None
+        assert on_slow, "a node as fast as its peers stopped claiming"
+        return
+    assert runner.executor.held_back == SLOW_PATH
+    assert not on_slow, f"the slow node still started runs: {on_slow}"
+    assert not JobExecution.objects.filter(node=slow, status=S.PENDING).exclude(claim_token=None)
+    for job in jobs:  # the others took its share: no slot went without its run
+        first = min(row["scheduled_for"] for row in rows(job)).timestamp()
+        assert_every_slot_accounted(job, first, sim.clock.now() - 2)
+        starts = sorted(e.at for e in sim.starts(job) if e.at > slowed_at)
+        gaps = [b - a for a, b in pairwise(starts)]
+        assert max(gaps) <= 2.0, f"{job.name} went {max(gaps):.2f} s without a run: {dump(job)}"
+
+    del runner.database.fastest_since  # the instance's own again: the sim's calls take no time
+    _slow_path(sim, slow, 0.001)
+    healed_at = sim.clock.now()
+    sim.advance(4)
+    assert runner.executor.held_back is None
+    assert [e for job in jobs for e in sim.starts(job) if e.node == slow and e.at > healed_at]
 
 
 # --- a worker SIGKILLed mid-run -------------------------------------------------------------------
