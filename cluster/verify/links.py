@@ -132,33 +132,50 @@ class Link:
             self._sockets.update(sockets)
         return True
 
+    def _forget(self, *sockets: socket.socket) -> None:
+        with self._lock:
+            self._sockets.difference_update(sockets)
+        _close(*sockets)
+
+    def open_sockets(self) -> int:
+        """Sockets this link holds open now (both ends of every forwarded connection)."""
+        with self._lock:
+            return len(self._sockets)
+
     def _connect(self, client: socket.socket) -> None:
         # A new connection through a hung link reaches nothing until the heal.
         if not self._track(client) or not self._wait_open(upstream=True):
-            _close(client)
+            self._forget(client)
             return
         try:
             upstream = socket.create_connection(self.target, timeout=CONNECT_TIMEOUT_S)
         except OSError:
-            _close(client)
+            self._forget(client)
             return
         upstream.settimeout(None)
         client.settimeout(None)
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if not self._track(upstream):
-            _close(client, upstream)
+            self._forget(client, upstream)
             return
+        # The pair is closed once both directions are done (an end of stream passed on, an
+        # error, a reset): a half-closed connection keeps its other direction open meanwhile.
+        done = [0]
         threading.Thread(
-            target=self._pump, args=(client, upstream, True), daemon=True, name="link-up"
+            target=self._pump, args=(client, upstream, True, done), daemon=True, name="link-up"
         ).start()
-        self._pump(upstream, client, False)
+        self._pump(upstream, client, False, done)
 
-    def _pump(self, source: socket.socket, sink: socket.socket, upstream: bool) -> None:
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, upstream: bool, done: list[int]
+    ) -> None:
+        both = False
         try:
             while True:
                 data = source.recv(CHUNK)
                 if not self._wait_open(upstream):
+                    both = True
                     break
                 latency = self.latency_s
                 if latency:
@@ -166,14 +183,17 @@ class Link:
                 if not data:
                     with contextlib.suppress(OSError):
                         sink.shutdown(socket.SHUT_WR)
-                    return
+                    break
                 sink.sendall(data)
         except OSError:
-            pass
-        _close(source, sink)
+            both = True
         with self._lock:
+            done[0] += 2 if both else 1
+            if done[0] < 2:
+                return  # the other direction still flows
             self._sockets.discard(source)
             self._sockets.discard(sink)
+        _close(source, sink)
 
 
 def _close(*sockets: socket.socket) -> None:
