@@ -10,6 +10,13 @@ A run behind an older fire of its job that no node holds is handed back rather t
 a claim held while waiting counts against its node's capacity, and nodes full of such claims would
 never claim the older fire they all wait for.
 
+A scheduled fire that has not started when later fires of its job are already due has misfired,
+whatever its grace: its job's misfire policy keeps the newest due fires (one for ``run_once`` and
+``skip``, ``run_all_max`` for ``run_all``) and the older ones are skipped as superseded. A backlog
+left by an outage thus collapses as the leader's own misfire policy would have collapsed it, instead
+of running one stale fire after another (a forbid job runs them one at a time and would stay as far
+behind as the outage was long).
+
 The executor gathers the facts (the job lock, the blocking run and whether its node is alive, an
 older run still waiting) and applies the decision through ``jobs.executions``; nothing here reads the
 clock, the database or the coordination backend, so every rule is table-tested.
@@ -40,6 +47,7 @@ from jobs.models import ConcurrencyPolicy
 REASON_FORBID = "forbid: previous run still active"
 REASON_MISFIRE_STALE = "misfire: not started within the grace period ({grace} s)"
 REASON_LOCK_WAIT = "misfire: waited for the job lock past the grace period ({grace} s)"
+REASON_SUPERSEDED = "misfire: superseded by a later fire already due ({policy})"
 
 # How long after its due instant a forbid run waits for a running predecessor to be recorded done
 # before it is skipped (seconds).
@@ -91,6 +99,11 @@ class Facts:
     older_unclaimed: bool = False
     # The blocker this run's previous look found (its execution id; None: none, or no look yet).
     seen_blocker: int | None = None
+    # The job's misfire policy and bound, and how many later fires of the job are already due and
+    # not started: a fire still waiting when the next one falls due has misfired.
+    misfire_policy: str = "run_once"
+    run_all_max: int = 1
+    newer_due: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,9 +136,34 @@ def is_stale(facts: Facts) -> bool:
     return facts.scheduled and facts.now - facts.runnable_since > facts.grace_s
 
 
+def fires_kept(misfire_policy: str, run_all_max: int) -> int:
+    """How many of a job's due, unstarted fires its misfire policy runs: the newest one for
+    ``run_once`` and ``skip`` (the fire of the current slot, itself subject to the grace), the newest
+    ``run_all_max`` for ``run_all``."""
+    return max(1, run_all_max) if misfire_policy == "run_all" else 1
+
+
+def is_superseded(facts: Facts) -> bool:
+    """A scheduled fire with at least as many later fires of its job already due (and not started)
+    as the policy keeps: it missed its turn, and the policy covers it as it covers the slots a late
+    leader finds. Without this, a job whose runs go one at a time (forbid) would run every fire
+    queued during an outage one after the other, each a slot late, and never catch up."""
+    return facts.scheduled and facts.newer_due >= fires_kept(
+        facts.misfire_policy, facts.run_all_max
+    )
+
+
+def decided_without_the_job(facts: Facts) -> bool:
+    """Settled on the run's own facts (its age, the later fires of its job), before any lock or
+    blocker is looked at."""
+    return is_stale(facts) or is_superseded(facts)
+
+
 def admit(facts: Facts) -> Decision:
     if is_stale(facts):
         return Skip(REASON_MISFIRE_STALE.format(grace=_seconds(facts.grace_s)))
+    if is_superseded(facts):
+        return Skip(REASON_SUPERSEDED.format(policy=facts.misfire_policy))
     if not facts.claiming:
         return HandBack()
     if facts.policy not in (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE):

@@ -452,15 +452,19 @@ class Executor:
 
     def _startable_at_claim(self, claimed: list[JobExecution]) -> list[JobExecution]:
         """The claimed runs that start in the claim's own transaction: due already, of a job
-        with no concurrency guard (no job lock to take, no other run to look at), and admitted
-        on the facts of the run alone (not a stale misfire). The rest go to the starter."""
+        with no concurrency guard (no job lock to take, no other run to look at), not so late that
+        a later fire of its job may have overtaken it, and admitted on the facts of the run alone
+        (not a stale misfire). The rest go to the starter."""
         if not self.claiming:
             return []
         now = self.clock.now()
+        instant = datetime.fromtimestamp(now, tz=UTC)
         picks = []
         for execution in claimed:
             due = execution.run_after.timestamp()
             if due > now or execution.job.concurrency_policy in GUARDED_POLICIES:
+                continue
+            if gather.may_be_overtaken(execution, now=instant):
                 continue
             decision = admission.admit(
                 gather.facts(execution, due=due, now=now, claiming=self.claiming)
@@ -693,10 +697,14 @@ class Executor:
         waiting room, not to a thread of their own: a node that is behind pays less per run, not
         more."""
         now = self.clock.now()
+        newer = gather.newer_due(batch, now=self._now())
         candidates: list[Scheduled] = []
         for item in batch:
-            facts = gather.facts(item.execution, due=item.due, now=now, claiming=self.claiming)
-            if admission.is_stale(facts) or not self.claiming:
+            newer_due = newer.get(item.execution.pk, 0)
+            facts = gather.facts(
+                item.execution, due=item.due, now=now, claiming=self.claiming, newer_due=newer_due
+            )
+            if admission.decided_without_the_job(facts) or not self.claiming:
                 self._apply(item.execution, admission.admit(facts))
                 settled.add(item.execution.pk)
                 continue
@@ -753,6 +761,7 @@ class Executor:
                     older_waiting=execution.pk in older,
                     older_unclaimed=older.get(execution.pk, False),
                     seen_blocker=item.seen_blocker,
+                    newer_due=newer.get(execution.pk, 0),
                 )
             )
             item.seen_blocker = blocker.execution_id if blocker is not None else None

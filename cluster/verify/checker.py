@@ -67,6 +67,7 @@ from cluster.verify.schedule_rules import (
     job_slots,
     misfires,
     slot_step,
+    superseded,
 )
 
 # --- the kinds of violation --------------------------------------------------------------------------
@@ -325,6 +326,7 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += intent.fired_after_delete(history, config)
     violations += intent.requests_not_run(history, index, config)
     violations += misfires(history, config)
+    violations += superseded(history, index, config)
     violations += stale_commits(history)
     violations += edits_followed(history, index)
     violations += [

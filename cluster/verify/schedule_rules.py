@@ -8,6 +8,11 @@
   runs exactly the newest missed slot and records the others skipped, ``skip`` runs none of
   them, ``run_all`` runs the newest ``run_all_max`` of them; a misfire skip in a tick that was
   not late (nor decided at run time past the grace) is a violation too;
+- ``misfire_policy`` at run time: a fire still unstarted when later fires of its job are due has
+  misfired too; the policy keeps the newest due fires (one for ``run_once`` and ``skip``,
+  ``run_all_max`` for ``run_all``) and the older are skipped as superseded. A superseded skip needs
+  that many later fires due and unstarted when it was decided, and a fire whose body started while
+  that many were due (beyond the moment an admission takes) should have been superseded;
 - ``schedule_edit``: after an operator changes a job's interval, from the first slot after the
   edit's commit, the job fires exactly the slots of the new interval (none of the old one).
 
@@ -35,6 +40,7 @@ from cluster.verify.record import (
     JobInfo,
     ScheduleEdit,
     Violation,
+    effect_evidence,
     row_evidence,
     slot_key,
     when,
@@ -107,6 +113,34 @@ def job_slots(job: JobInfo, start: float, end: float) -> Iterable[float]:
         minute += 60
 
 
+MSG_SUPERSEDED_EARLY = (
+    "job {job_id} ({policy}): slot {slot} skipped as superseded at {at} with {due} later fires "
+    "due and unstarted (the policy keeps {kept})"
+)
+MSG_RAN_SUPERSEDED = (
+    "job {job_id} ({policy}): slot {slot} started at {at} with {due} later fires already due and "
+    "unstarted (the policy keeps {kept}): it should have been skipped as superseded"
+)
+SUPERSEDED_PREFIX = "misfire: superseded"
+# An admission reads a job's later due fires, then takes its locks and looks at its blockers
+# before the fires it keeps start: a later fire falling due within this much of a start is one the
+# decision could not see (seconds).
+SUPERSEDE_TOLERANCE_S = 1.0
+# A node whose own links were cut or slowed this long before a start may have admitted it on facts
+# read before the fault (a statement held by the partition, answered at the heal): not judged.
+LINK_FAULT_LOOKBACK_S = 30.0
+
+
+def _superseded_skip(row: Execution) -> bool:
+    return row.status == SKIPPED and row.reason.startswith(SUPERSEDED_PREFIX)
+
+
+def fires_kept(job: JobInfo) -> int:
+    """How many of a job's due, unstarted fires its misfire policy runs (the product's rule, stated
+    here on its own)."""
+    return max(1, job.run_all_max) if job.misfire_policy == RUN_ALL else 1
+
+
 def _tick_instant(row: Execution) -> float:
     return row.created_at
 
@@ -164,6 +198,8 @@ def misfires(history: History, config: CheckConfig) -> list[Violation]:
                     # A misfire skip is decided when it is written (its finished_at): past the
                     # grace, whether by a tick or at run time.
                     early = (row.finished_at or at) - row.scheduled_for
+                    if _superseded_skip(row):
+                        continue  # judged on the later fires it had (``superseded``)
                     if _misfire_skip(row) and early < grace - config.timing_tolerance_s:
                         found.append(
                             Violation(
@@ -198,6 +234,97 @@ def misfires(history: History, config: CheckConfig) -> list[Violation]:
                     {"rows": [row_evidence(r) for r in missed]},
                 )
             )
+    return found
+
+
+def _unstarted_at(row: Execution, index: Index, instant: float) -> bool:
+    """Whether ``row`` had not started (by its row or its body) before ``instant``."""
+    body = index.interval(row.id)
+    started = min(
+        (t for t in (row.started_at, body[0] if body else None) if t is not None), default=None
+    )
+    return started is None or started >= instant
+
+
+def superseded(history: History, index: Index, config: CheckConfig) -> list[Violation]:
+    """Run-time misfires: each superseded skip had as many later fires of its job due and unstarted
+    as the policy keeps when it was decided; no fire started while that many were due (beyond
+    SUPERSEDE_TOLERANCE_S)."""
+    jobs = {job.id: job for job in history.jobs}
+    fires: dict[int, list[Execution]] = defaultdict(list)
+    for row in history.executions:
+        if row.trigger == SCHEDULE_TRIGGER and row.attempt == 1 and row.job_id in jobs:
+            fires[row.job_id].append(row)
+    tol = config.timing_tolerance_s
+    found = []
+    for job_id, rows in fires.items():
+        job = jobs[job_id]
+        kept = fires_kept(job)
+        rows.sort(key=lambda r: r.scheduled_for)
+
+        def due_later(
+            row: Execution, due_by: float, unstarted_at: float, rows: list[Execution] = rows
+        ) -> int:
+            """Later fires of the job written and due by ``due_by``, not started by
+            ``unstarted_at``."""
+            return sum(
+                1
+                for later in rows
+                if later.scheduled_for > row.scheduled_for
+                and (later.run_after if later.run_after is not None else later.scheduled_for)
+                <= due_by
+                and later.created_at <= due_by
+                and _unstarted_at(later, index, unstarted_at)
+            )
+
+        for row in rows:
+            if _superseded_skip(row) and row.finished_at is not None:
+                at = row.finished_at
+                if clock_off(history, row.node, at - 10.0, at + 10.0):
+                    continue
+                due = due_later(row, at + tol, at - tol)
+                if due < kept:
+                    found.append(
+                        Violation(
+                            MISFIRE_POLICY,
+                            MSG_SUPERSEDED_EARLY.format(
+                                job_id=job_id,
+                                policy=job.misfire_policy,
+                                slot=when(row.scheduled_for),
+                                at=when(at),
+                                due=due,
+                                kept=kept,
+                            ),
+                            {"row": row_evidence(row)},
+                        )
+                    )
+                continue
+            starts = index.starts.get(row.id)
+            if not starts:
+                continue
+            start = starts[0]
+            instant = start.at - SUPERSEDE_TOLERANCE_S
+            if clock_off(history, start.node, instant - 10.0, start.at) or any(
+                who == start.node and a <= start.at and b >= start.at - LINK_FAULT_LOOKBACK_S
+                for who, a, b in index.cut_off
+            ):
+                continue
+            due = due_later(row, instant, start.at)
+            if due >= kept:
+                found.append(
+                    Violation(
+                        MISFIRE_POLICY,
+                        MSG_RAN_SUPERSEDED.format(
+                            job_id=job_id,
+                            policy=job.misfire_policy,
+                            slot=when(row.scheduled_for),
+                            at=when(start.at),
+                            due=due,
+                            kept=kept,
+                        ),
+                        {"row": row_evidence(row), "start": effect_evidence(start)},
+                    )
+                )
     return found
 
 

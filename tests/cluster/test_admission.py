@@ -13,6 +13,7 @@ from cluster.admission import (
     REASON_FORBID,
     REASON_LOCK_WAIT,
     REASON_MISFIRE_STALE,
+    REASON_SUPERSEDED,
     WAIT_POLL_S,
     Blocker,
     Facts,
@@ -194,6 +195,53 @@ CASES = [
         "forbid-grace-counts-from-late-creation",
         facts(now=DUE + GRACE + 0.5, runnable_since=DUE + 30, scheduled=False, lock=Lock.TAKEN),
         Wait(WAIT_POLL_S),
+    ),
+    # A fire overtaken by later fires of its job already due has misfired, whatever its grace:
+    # the policy keeps the newest (run_once, skip) or the newest run_all_max (run_all).
+    (
+        "run-once-fire-overtaken-by-a-due-one-is-superseded",
+        facts(now=DUE + 1.2, older_waiting=True, newer_due=1),
+        Skip(REASON_SUPERSEDED.format(policy="run_once")),
+    ),
+    (
+        "skip-fire-overtaken-is-superseded",
+        facts(now=DUE + 3, misfire_policy="skip", newer_due=2),
+        Skip(REASON_SUPERSEDED.format(policy="skip")),
+    ),
+    (
+        "superseded-before-the-lock-is-looked-at",
+        facts(now=DUE + 3, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE, newer_due=1),
+        Skip(REASON_SUPERSEDED.format(policy="run_once")),
+    ),
+    (
+        "the-newest-due-fire-runs",
+        facts(now=DUE + 1.2, newer_due=0),
+        Start(),
+    ),
+    (
+        "run-all-keeps-its-bound",
+        facts(now=DUE + 5, misfire_policy="run_all", run_all_max=3, newer_due=2),
+        Start(),
+    ),
+    (
+        "run-all-beyond-its-bound-is-superseded",
+        facts(now=DUE + 5, misfire_policy="run_all", run_all_max=3, newer_due=3),
+        Skip(REASON_SUPERSEDED.format(policy="run_all")),
+    ),
+    (
+        "manual-runs-are-never-superseded",
+        facts(scheduled=False, now=DUE + 3, newer_due=2),
+        Start(),
+    ),
+    (
+        "allow-fire-overtaken-is-superseded-too",
+        facts(policy=P.ALLOW, lock=Lock.NOT_NEEDED, now=DUE + 2, newer_due=1),
+        Skip(REASON_SUPERSEDED.format(policy="run_once")),
+    ),
+    (
+        "stale-wins-over-superseded",
+        facts(now=DUE + GRACE + 1, runnable_since=DUE, newer_due=5),
+        Skip(REASON_MISFIRE_STALE.format(grace=GRACE)),
     ),
     (
         "buffer-one-free",

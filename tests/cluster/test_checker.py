@@ -655,6 +655,62 @@ def misfire_skip_within_grace(h: History) -> None:
     _drop_effects(h, row.id)
 
 
+SUPERSEDED = "misfire: superseded by a later fire already due ({policy})"
+
+
+def _backlog(h: History, policy: str, *, skipped: tuple[int, ...], ran: tuple[int, ...]) -> None:
+    """Job 1's slots 3 to 6 were fired on time but no node could start them until T0 + 6.3 (cut
+    off): then the slots in ``skipped`` were skipped as superseded and those in ``ran`` started
+    one after the other, 0.2 s apart."""
+    h.jobs[0] = dataclasses.replace(h.jobs[0], misfire_policy=policy, run_all_max=3)
+    for k in skipped:
+        row = _replace_row(
+            h,
+            1,
+            k,
+            status="skipped",
+            reason=SUPERSEDED.format(policy=policy),
+            claimed_at=T0 + 6.25,
+            started_at=None,
+            finished_at=T0 + 6.3,
+        )
+        _drop_effects(h, row.id)
+    for n, k in enumerate(ran):
+        start = T0 + 6.3 + 0.2 * n
+        row = _replace_row(
+            h, 1, k, claimed_at=T0 + 6.25, started_at=start, finished_at=start + 0.15
+        )
+        _move_effect(h, row.id, "start", start + 0.001)
+        _move_effect(h, row.id, "end", start + 0.1)
+
+
+def superseded_backlog(h: History) -> None:
+    _backlog(h, "run_once", skipped=(3, 4, 5), ran=(6,))
+
+
+def run_all_backlog_within_its_bound(h: History) -> None:
+    _backlog(h, "run_all", skipped=(3,), ran=(4, 5, 6))
+
+
+def backlog_run_one_after_the_other(h: History) -> None:
+    _backlog(h, "run_once", skipped=(), ran=(3, 4, 5, 6))
+
+
+def superseded_with_nothing_due(h: History) -> None:
+    """Slot 5 of job 1 skipped as superseded at T0 + 5.5, half a second before slot 6 fell due."""
+    h.jobs[0] = dataclasses.replace(h.jobs[0], misfire_policy="run_once")
+    row = _replace_row(
+        h,
+        1,
+        5,
+        status="skipped",
+        reason=SUPERSEDED.format(policy="run_once"),
+        started_at=None,
+        finished_at=T0 + 5.5,
+    )
+    _drop_effects(h, row.id)
+
+
 def cron_job(h: History) -> None:
     """Job 2 as a cron job every 2 s (its odd slots' rows are gone: it never had them)."""
     h.jobs[1] = dataclasses.replace(
@@ -798,6 +854,18 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
         {c.MISFIRE_POLICY: "expected the newest 0"},
     ),
     ("misfire within grace", misfire_skip_within_grace, {c.MISFIRE_POLICY: "within its grace"}),
+    ("backlog superseded", superseded_backlog, {}),
+    ("run_all backlog within its bound", run_all_backlog_within_its_bound, {}),
+    (
+        "backlog run one after the other",
+        backlog_run_one_after_the_other,
+        {c.MISFIRE_POLICY: "started at 08:00:06.301Z with 2 later fires already due"},
+    ),
+    (
+        "superseded with nothing due",
+        superseded_with_nothing_due,
+        {c.MISFIRE_POLICY: "skipped as superseded at 08:00:05.500Z with 0 later fires"},
+    ),
     ("cron job", cron_job, {}),
     ("cron slot missing", cron_job_missing_a_slot, {c.MISSING_SLOT: "slot 08:00:04.000Z"}),
     ("schedule edit followed", schedule_edit_followed, {}),

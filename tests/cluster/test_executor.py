@@ -23,7 +23,7 @@ from django.db import OperationalError
 from django.utils import timezone
 
 import tests.cluster.tasks  # noqa: F401 - registers the test.* tasks
-from cluster.admission import REASON_FORBID, REASON_LOCK_WAIT
+from cluster.admission import REASON_FORBID, REASON_LOCK_WAIT, REASON_SUPERSEDED
 from cluster.coordination.memory import MemoryBackend
 from cluster.executor import (
     REASON_BLOCKER_GONE,
@@ -909,7 +909,14 @@ def test_runs_waiting_their_turn_do_not_hold_the_capacity_the_older_fire_needs(t
     runner = started_executor(MemoryBackend(), "small-node", stop, capacity=1)
     try:
         path = tmp_path / "r"
-        job = make_job("in-order", "test.record", kwargs={"path": str(path)})
+        # run_all: every late fire runs, in order (run_once would keep only the newest).
+        job = make_job(
+            "in-order",
+            "test.record",
+            kwargs={"path": str(path)},
+            misfire_policy="run_all",
+            run_all_max=10,
+        )
         now = timezone.now()
         # The older fire exists from the start (claimed by a node that then died), so the newer
         # one's admission, however fast, always finds it: it is handed back only after the
@@ -955,7 +962,13 @@ def test_nodes_full_of_waiting_runs_still_claim_the_older_fire_they_wait_for(tmp
     runners = [started_executor(backend, name, stop, capacity=1) for name in ("wait-a", "wait-b")]
     try:
         path = tmp_path / "r"
-        job = make_job("in-order-2", "test.record", kwargs={"path": str(path)})
+        job = make_job(
+            "in-order-2",
+            "test.record",
+            kwargs={"path": str(path)},
+            misfire_policy="run_all",
+            run_all_max=10,
+        )
         now = timezone.now()
         older = submit(
             job,
@@ -1105,6 +1118,65 @@ def test_a_stale_fire_is_not_started_by_its_claim_but_skipped(executor):
     assert executor.claim_once() == 1
     done = wait_for_status(execution, TERMINAL_STATES)
     assert done.status == S.SKIPPED and done.started_at is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "misfire", "kept"),
+    [
+        (ConcurrencyPolicy.FORBID, "run_once", 1),
+        (ConcurrencyPolicy.FORBID, "skip", 1),
+        (ConcurrencyPolicy.FORBID, "run_all", 3),
+        (ConcurrencyPolicy.ALLOW, "run_once", 1),
+    ],
+)
+def test_a_backlog_of_fires_left_by_an_outage_collapses_to_what_the_policy_keeps(
+    tmp_path, policy, misfire, kept
+):
+    """Fires written on time while no node could run them (the leader kept writing; the workers
+    were cut off) are due and unstarted together. The policy keeps the newest (``run_all``: the
+    newest ``run_all_max``); the older ones are skipped as superseded at once, not run one after
+    the other a slot late each (a forbid job would stay as far behind as the outage was long)."""
+    stop = threading.Event()
+    runner = started_executor(MemoryBackend(), "backlog-node", stop, capacity=4)
+    try:
+        path = tmp_path / "r"
+        job = make_job(
+            f"backlog-{policy}-{misfire}",
+            "test.record",
+            kwargs={"path": str(path)},
+            interval_seconds=1,
+            concurrency_policy=policy,
+            misfire_policy=misfire,
+            run_all_max=kept,
+        )
+        now = timezone.now()
+        fires = [
+            submit(
+                job,
+                scheduled_for=now - timedelta(seconds=k),
+                run_after=now - timedelta(seconds=k),
+                trigger=Trigger.SCHEDULE,
+            )
+            for k in range(8, -1, -1)
+        ]
+        deadline = time.monotonic() + OUTCOME_TIMEOUT_S
+        while (
+            time.monotonic() < deadline
+            and JobExecution.objects.filter(pk__in=[f.pk for f in fires])
+            .exclude(status__in=TERMINAL_STATES)
+            .exists()
+        ):
+            runner.claim_once()
+            time.sleep(0.02)
+        rows = [wait_for_status(f, TERMINAL_STATES) for f in fires]
+        ran = [r.pk for r in rows if r.status == S.SUCCEEDED]
+        assert ran == [f.pk for f in fires[-kept:]]
+        superseded = rows[:-kept]
+        assert all(r.status == S.SKIPPED for r in superseded)
+        assert all(r.reason == REASON_SUPERSEDED.format(policy=misfire) for r in superseded)
+        assert recorded_ids(path) == ran
+    finally:
+        stop.set()
 
 
 def test_a_drain_during_the_claim_gives_the_started_run_back(executor, monkeypatch):
