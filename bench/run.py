@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.cpu import CpuMeter, local_pids, speed_probe_ms
 from bench.records import RecordCounter
-from cluster.verify.redis_server import RedisServer
+from chaos.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATABASE_URL = "mysql://root@127.0.0.1:3306/sched_bench"

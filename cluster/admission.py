@@ -47,7 +47,8 @@ from jobs.models import ConcurrencyPolicy
 REASON_FORBID = "forbid: previous run still active"
 REASON_MISFIRE_STALE = "misfire: not started within the grace period ({grace} s)"
 REASON_LOCK_WAIT = "misfire: waited for the job lock past the grace period ({grace} s)"
-REASON_SUPERSEDED = "misfire: superseded by a later fire already due ({policy})"
+SUPERSEDED_PREFIX = "misfire: superseded"
+REASON_SUPERSEDED = SUPERSEDED_PREFIX + " by a later fire already due ({policy})"
 
 # How long after its due instant a forbid run waits for a running predecessor to be recorded done
 # before it is skipped (seconds).

@@ -93,6 +93,8 @@ INSTALLED_APPS = [
     "axes",
     "jobs",
     "cluster",
+    # The verifier (manage.py chaos): drives a cluster from outside; nothing of it runs on a node.
+    "chaos",
 ]
 
 MIDDLEWARE = [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.verify.redis_server import RedisServer
+from chaos.redis_server import RedisServer
 
 
 @pytest.fixture(autouse=True)

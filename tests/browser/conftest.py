@@ -37,7 +37,7 @@ from playwright.sync_api import (
 )
 from playwright.sync_api import Error as PlaywrightError
 
-from cluster.verify.redis_server import free_port
+from chaos.redis_server import free_port
 from tests.cluster.harness import ROOT, Cluster, child_database_url, current_leader, wait_for
 
 CHROMIUM = "/usr/bin/chromium"

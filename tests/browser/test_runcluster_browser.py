@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
-from cluster.verify.redis_server import free_port
+from chaos.redis_server import free_port
 from tests.browser.conftest import ConsoleLog, wait_live
 from tests.cluster.harness import wait_for
 from tests.cluster.test_runcluster import ROOT, answers, environment

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import tests.cluster.tasks  # noqa: F401 - registers test.record in this process for validation
+from cluster.admission import SUPERSEDED_PREFIX
 from cluster.models import LeadershipTerm, TermEndReason
-from cluster.verify.schedule_rules import SUPERSEDED_PREFIX
 from jobs import services
 from jobs.models import Job, JobExecution
 from jobs.states import ExecutionStatus

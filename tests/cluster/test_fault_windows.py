@@ -21,8 +21,8 @@ import redis
 from django.conf import settings
 
 import tests.cluster.tasks  # noqa: F401 - registers test.record in this process for validation
+from cluster.admission import SUPERSEDED_PREFIX
 from cluster.models import LeadershipTerm
-from cluster.verify.schedule_rules import SUPERSEDED_PREFIX
 from jobs import services
 from jobs.models import Job, JobExecution
 from jobs.states import ExecutionStatus

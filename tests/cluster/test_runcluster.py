@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.verify.redis_server import free_port
+from chaos.redis_server import free_port
 from tests.cluster.harness import wait_for
 
 pytestmark = pytest.mark.integration

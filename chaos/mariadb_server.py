@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.verify.redis_server import free_port, terminate
+from chaos.redis_server import free_port, terminate
 
 START_TIMEOUT_S = 60.0
 ERR_NO_MARIADB = "mariadbd / mariadb-install-db are not installed (apt-get install mariadb-server)"
@@ -88,7 +88,7 @@ class MariaDBServer:
                 f"--log-error={self.log_path}",
                 "--user=root",
                 # A row-based log of every transaction, in commit order: the checker reads which
-                # term wrote what from it (cluster.verify.binlog).
+                # term wrote what from it (chaos.binlog).
                 f"--log-bin={self.workdir / 'binlog'}",
                 "--binlog-format=ROW",
                 "--binlog-row-image=FULL",

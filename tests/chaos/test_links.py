@@ -1,4 +1,4 @@
-"""The nemesis's TCP paths (cluster.verify.links) on real loopback sockets: bytes move, a hang
+"""The nemesis's TCP paths (chaos.links) on real loopback sockets: bytes move, a hang
 holds them, and a connection closed by either end is closed on the link too, so a long chaos run
 with thousands of reconnections does not run out of file descriptors."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cluster.verify.links import Link, Mode
+from chaos.links import Link, Mode
 
 
 @pytest.fixture

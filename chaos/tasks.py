@@ -1,6 +1,6 @@
 """The chaos run's task: it logs its own side effects, so the checker can tell which bodies ran.
 
-Node processes import this module through ``SCHEDULER_TASK_MODULES=cluster.verify.tasks``; nothing
+Node processes import this module through ``SCHEDULER_TASK_MODULES=chaos.tasks``; nothing
 in production registers it (``cluster`` has no ``tasks`` module of its own to autodiscover).
 """
 

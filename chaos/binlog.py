@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.verify.record import Commit
+from chaos.record import Commit
 
 FENCE_TABLE = "cluster_clusterfence"
 EXECUTION_TABLE = "jobs_jobexecution"

@@ -12,8 +12,7 @@ between the request being sent and its answer.
 
 from __future__ import annotations
 
-from cluster.verify.attempts import clock_off
-from cluster.verify.record import (
+from chaos.record import (
     CANCELLED,
     EXECUTED,
     LOST,
@@ -29,6 +28,7 @@ from cluster.verify.record import (
     slot_key,
     when,
 )
+from chaos.rules.attempts import clock_off
 
 FIRED_WHILE_PAUSED = "fired_while_paused"
 FIRED_AFTER_DELETE = "fired_after_delete"

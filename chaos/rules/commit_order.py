@@ -1,4 +1,4 @@
-"""Stale writes judged by commit order (a private MariaDB's binary log, ``cluster.verify.binlog``),
+"""Stale writes judged by commit order (a private MariaDB's binary log, ``chaos.binlog``),
 not by the writer's timestamp: walking the committed transactions in order,
 
 - a fenced transaction whose writer's term is older than a term the fence had already been raised
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from cluster.verify.record import History, Violation
+from chaos.record import History, Violation
 
 STALE_COMMIT = "stale_commit"
 KINDS = (STALE_COMMIT,)

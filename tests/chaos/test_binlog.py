@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cluster.verify.binlog import commits, parse
+from chaos.binlog import commits, parse
 
 COLUMNS = {
     "cluster_clusterfence": ["name", "term", "holder", "writes", "writer_term"],

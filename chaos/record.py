@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from cluster.verify import faults
+from chaos import faults
 
 # Fault kinds that make leadership impossible for a while (the coordination store or the database
 # is gone): a leader gap overlapping one of them is excused for its length plus the recovery time.
@@ -192,7 +192,7 @@ class Deletion:
 @dataclass(frozen=True)
 class Commit:
     """One committed transaction that touched the fence or the runs, from the database's own log
-    (cluster.verify.binlog), in commit order (``seq``)."""
+    (chaos.binlog), in commit order (``seq``)."""
 
     seq: int
     writer_term: int | None  # a fenced transaction's writer; None: not fenced

@@ -17,8 +17,8 @@ off (the log itself stays on the machine's clock).
 
 from __future__ import annotations
 
-from cluster.verify import faults
-from cluster.verify.record import (
+from chaos import faults
+from chaos.record import (
     LOST,
     RETRYABLE,
     SCHEDULE_TRIGGER,

@@ -9,7 +9,7 @@ For every fault the nemesis injected:
   the longest over the jobs (a 1 s job that keeps its pace shows 1 s).
 
 A job gap that spans a fault may last the job's interval plus the fault's recovery bound
-(:func:`cluster.verify.faults.recovery_bound_s`: a lease TTL and a margin; an outage's counts
+(:func:`chaos.faults.recovery_bound_s`: a lease TTL and a margin; an outage's counts
 from its end) and no longer: past that, the cluster did not recover in time (``slow_recovery``).
 A gap that spans several faults may last until the latest of their bounds.
 """
@@ -21,8 +21,8 @@ import itertools
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from cluster.verify import faults
-from cluster.verify.record import (
+from chaos import faults
+from chaos.record import (
     SCHEDULE_TRIGGER,
     CheckConfig,
     Fault,
@@ -32,7 +32,7 @@ from cluster.verify.record import (
     Violation,
     when,
 )
-from cluster.verify.schedule_rules import slot_step
+from chaos.rules.schedule import slot_step
 
 SLOW_RECOVERY = "slow_recovery"
 MSG_SLOW_RECOVERY = (

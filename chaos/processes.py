@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.verify.redis_server import terminate
+from chaos.redis_server import terminate
 
 SHIM_SOURCE = Path(__file__).with_name("clockshim.c")
 ERR_NO_COMPILER = "no C compiler (cc) to build the clock shim: clock jumps are not dealt"

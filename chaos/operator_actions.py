@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cluster.verify.record import ApiAnomaly, Deletion, Fault, Requested, ScheduleEdit
+from chaos.record import ApiAnomaly, Deletion, Fault, Requested, ScheduleEdit
 
 API_TRIGGER = "api_trigger"
 API_ENQUEUE = "api_enqueue"

@@ -29,8 +29,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 
-from cluster.verify.attempts import clock_off
-from cluster.verify.record import (
+from chaos.record import (
     SCHEDULE_TRIGGER,
     SKIPPED,
     CheckConfig,
@@ -45,6 +44,7 @@ from cluster.verify.record import (
     slot_key,
     when,
 )
+from chaos.rules.attempts import clock_off
 
 MISFIRE_POLICY = "misfire_policy"
 KINDS = (MISFIRE_POLICY,)

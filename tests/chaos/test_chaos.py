@@ -19,11 +19,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from cluster.management.commands import chaos as chaos_command
-from cluster.verify import faults, nemesis
-from cluster.verify.nemesis import FaultDeck, next_instant
-from cluster.verify.record import history_to_dict
-from cluster.verify.runner import (
+from chaos import faults, nemesis
+from chaos.management.commands import chaos as chaos_command
+from chaos.nemesis import FaultDeck, next_instant
+from chaos.record import history_to_dict
+from chaos.runner import (
     EXIT_USAGE,
     EXIT_VIOLATIONS,
     check_config,
@@ -31,7 +31,7 @@ from cluster.verify.runner import (
     job_definitions,
     with_port,
 )
-from tests.cluster import test_checker
+from tests.chaos import test_checker
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 11

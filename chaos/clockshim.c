@@ -8,7 +8,7 @@
  * shared, so the nemesis changes it while the process runs. Without the variable, or with a
  * file that cannot be mapped, the clock is the system's.
  *
- * Built by cluster.verify.clock at the start of a chaos run: cc -shared -fPIC -O2 -o X.so X.c -ldl
+ * Built by chaos.clock at the start of a chaos run: cc -shared -fPIC -O2 -o X.so X.c -ldl
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -15,9 +15,9 @@ production network and its operators produce them:
 
 :class:`FaultDeck` deals them seeded (every kind once per round, in a seeded order, each at an
 offset from a whole second: the 1 s jobs' slot instants, or between them); :class:`Nemesis` applies
-them to the processes (:mod:`cluster.verify.processes`), the links (:mod:`cluster.verify.links`)
+them to the processes (:mod:`chaos.processes`), the links (:mod:`chaos.links`)
 and the servers, keeps every node not faulted running, and logs every fault as a
-:class:`cluster.verify.checker.Fault`.
+:class:`chaos.record.Fault`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from cluster.verify.faults import (
+from chaos.faults import (
     CLOCK_JUMP,
     CLUSTER_RESTART,
     DB_DOWN,
@@ -53,11 +53,11 @@ from cluster.verify.faults import (
     SLOW_REDIS_LEADER,
     TWO_DOWN,
 )
-from cluster.verify.links import LinkSet, Mode
-from cluster.verify.mariadb_server import MariaDBServer
-from cluster.verify.processes import LocalCluster, NodeProcess
-from cluster.verify.record import Fault
-from cluster.verify.redis_server import RedisServer
+from chaos.links import LinkSet, Mode
+from chaos.mariadb_server import MariaDBServer
+from chaos.processes import LocalCluster, NodeProcess
+from chaos.record import Fault
+from chaos.redis_server import RedisServer
 
 logger = logging.getLogger(__name__)
 

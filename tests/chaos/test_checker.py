@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.verify import checker as c
-from cluster.verify.checker import check, interval_slots
-from cluster.verify.history import parse_term_claims, pause_windows, read_side_effects
-from cluster.verify.record import (
+from chaos import checker as c
+from chaos.checker import check
+from chaos.history import parse_term_claims, pause_windows, read_side_effects
+from chaos.record import (
     ApiAnomaly,
     CheckConfig,
     Commit,
@@ -32,6 +32,7 @@ from cluster.verify.record import (
     history_from_dict,
     history_to_dict,
 )
+from chaos.rules.runs import interval_slots
 
 T0 = 1_800_000_000.0  # a whole second
 SLOTS = 10

@@ -37,9 +37,9 @@ import dj_database_url
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cluster.verify.checker import check
-from cluster.verify.record import history_from_dict
-from cluster.verify.runner import (
+from chaos.checker import check
+from chaos.record import history_from_dict
+from chaos.runner import (
     EXIT_INTERRUPTED,
     EXIT_SETUP,
     EXIT_USAGE,
@@ -299,7 +299,7 @@ class Command(BaseCommand):
             }
         )
         child = subprocess.Popen(
-            [sys.executable, "-m", "cluster.verify.runner", str(plan_path)],
+            [sys.executable, "-m", "chaos.runner", str(plan_path)],
             cwd=settings.BASE_DIR,
             env=env,
             stdout=subprocess.PIPE,

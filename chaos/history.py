@@ -1,6 +1,6 @@
 """Collect a chaos run's history: the database (jobs, executions, terms, pause/resume audit rows),
 the side-effect log written by ``chaos.record`` and the "started leading (term N)" lines of every
-node's log. The result is the plain :class:`cluster.verify.checker.History` the checker reads.
+node's log. The result is the plain :class:`chaos.record.History` the checker reads.
 
 Parsing the logs is pure (and tolerant: a line cut by a SIGKILL is skipped); only
 :func:`collect_history` touches the ORM.
@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cluster.verify.record import (
+from chaos.record import (
     ApiAnomaly,
     Deletion,
     Execution,

@@ -1,15 +1,15 @@
 """One chaos run, from an empty database to the checker's report.
 
 ``python manage.py chaos`` prepares a :class:`ChaosPlan` (a temporary directory, the run's own
-database) and runs ``python -m cluster.verify.runner PLAN.json`` in a child process whose
+database) and runs ``python -m chaos.runner PLAN.json`` in a child process whose
 ``DATABASE_URL`` is that database, so this process's Django (the operator's API client, the history
 reader) and the nodes share it without touching the caller's. The timeline:
 
 1. private ``redis-server`` processes (coordination + three Redlock masters) when coordinating
    through Redis, and a private MariaDB when asked, before Django reads their URLs; the database
    migrated; the interval jobs and an operator account defined; for every node its own links
-   (:mod:`cluster.verify.links`) to the database and to each Redis server, and a wall clock the
-   nemesis can step (:mod:`cluster.verify.processes`);
+   (:mod:`chaos.links`) to the database and to each Redis server, and a wall clock the
+   nemesis can step (:mod:`chaos.processes`);
 2. ``--nodes`` real ``runnode`` processes; warm-up until a leader leads and every job has run;
 3. the nemesis and the operator for ``--minutes``; then every fault undone, every node back;
 4. a quiet tail, then every node stopped gracefully (SIGTERM, drain); the history collected and
@@ -36,8 +36,8 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from cluster.verify.checker import Report, check
-from cluster.verify.faults import (
+from chaos.checker import Report, check
+from chaos.faults import (
     BOTH_LINK_KINDS,
     CLOCK_JUMP,
     DB_LINK_KINDS,
@@ -49,18 +49,18 @@ from cluster.verify.faults import (
     SIGSTOP_LEADER,
     SIGSTOP_WORKER,
 )
-from cluster.verify.links import LinkSet
-from cluster.verify.mariadb_server import MariaDBServer
-from cluster.verify.nemesis import FaultDeck, Nemesis
-from cluster.verify.operator_actions import OPERATOR_KINDS, Operator
-from cluster.verify.processes import LocalCluster, build_clock_shim
-from cluster.verify.record import (
+from chaos.links import LinkSet
+from chaos.mariadb_server import MariaDBServer
+from chaos.nemesis import FaultDeck, Nemesis
+from chaos.operator_actions import OPERATOR_KINDS, Operator
+from chaos.processes import LocalCluster, build_clock_shim
+from chaos.record import (
     LEADERSHIP_BLOCKING_FAULTS,
     CheckConfig,
     History,
     history_to_dict,
 )
-from cluster.verify.redis_server import RedisServer
+from chaos.redis_server import RedisServer
 
 EXIT_OK = 0
 EXIT_VIOLATIONS = 1
@@ -69,7 +69,7 @@ EXIT_SETUP = 3
 EXIT_ERROR = 4  # the verifier itself failed (a traceback is printed): no verdict
 EXIT_INTERRUPTED = 130
 
-TASK_MODULE = "cluster.verify.tasks"
+TASK_MODULE = "chaos.tasks"
 TASK_NAME = "chaos.record"
 OPERATOR_USERNAME = "chaos-operator"
 # The node defaults, spelled out: the checker's bounds are derived from them.
@@ -393,7 +393,7 @@ class ChaosRun:
     def _define_jobs(self) -> tuple[list[int], str]:
         from django.contrib.auth import get_user_model
 
-        import cluster.verify.tasks  # noqa: F401 - registers chaos.record here, for validation
+        import chaos.tasks  # noqa: F401 - registers chaos.record here, for validation
         from jobs import services, tokens
 
         ids = []
@@ -491,7 +491,7 @@ class ChaosRun:
         worse than they are). A cluster that never catches up is reported, not refused: its
         lag is in the report."""
         assert self.cluster is not None
-        from cluster.verify.history import read_side_effects
+        from chaos.history import read_side_effects
 
         deadline = time.time() + WARMUP_TIMEOUT_S
         catch_up_deadline: float | None = None
@@ -568,7 +568,7 @@ class ChaosRun:
     ) -> History:
         from django.db import connection
 
-        from cluster.verify.history import collect_history
+        from chaos.history import collect_history
 
         assert self.cluster is not None
         plan = self.plan
@@ -602,7 +602,7 @@ class ChaosRun:
         """The run's committed transactions, from the private server's binary log."""
         from django.db import connection
 
-        from cluster.verify import binlog
+        from chaos import binlog
 
         assert self.mariadb is not None
         with connection.cursor() as cursor:
@@ -676,7 +676,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        sys.stderr.write("usage: python -m cluster.verify.runner PLAN.json\n")
+        sys.stderr.write("usage: python -m chaos.runner PLAN.json\n")
         return EXIT_USAGE
     plan = ChaosPlan.load(Path(argv[1]))
     signal.signal(signal.SIGTERM, _on_sigterm)
