@@ -42,6 +42,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from jobs.firing import fires_kept
 from jobs.models import ConcurrencyPolicy
 
 REASON_FORBID = "forbid: previous run still active"
@@ -135,13 +136,6 @@ def is_stale(facts: Facts) -> bool:
     and the leader went away): the scheduler's misfire policy covers the slots after it, so running
     it too would break the policy."""
     return facts.scheduled and facts.now - facts.runnable_since > facts.grace_s
-
-
-def fires_kept(misfire_policy: str, run_all_max: int) -> int:
-    """How many of a job's due, unstarted fires its misfire policy runs: the newest one for
-    ``run_once`` and ``skip`` (the fire of the current slot, itself subject to the grace), the newest
-    ``run_all_max`` for ``run_all``."""
-    return max(1, run_all_max) if misfire_policy == "run_all" else 1
 
 
 def is_superseded(facts: Facts) -> bool:

@@ -50,14 +50,9 @@ class ClusterConfig(AppConfig):
         connection_created.connect(apply_limits, dispatch_uid="cluster-control-limits")
         connection_created.connect(_log_new_connection, dispatch_uid="cluster-log-connection")
 
-        from cluster import doorbell
-        from cluster.wake import wake_for_executions, wake_nodes
-        from jobs import events
+        from cluster import announce
 
-        events.job_changed.connect(wake_nodes, dispatch_uid="cluster-wake-job")
-        events.executions_changed.connect(wake_for_executions, dispatch_uid="cluster-wake-runs")
-        events.job_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-job")
-        events.executions_changed.connect(doorbell.ring, dispatch_uid="cluster-doorbell-runs")
+        announce.connect()
 
 
 def check_scheduler_knobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:

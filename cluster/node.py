@@ -33,21 +33,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from cluster import doorbell, node_metrics, scheduler
+from cluster import announce, node_metrics, reaper, scheduler, selectors, services
 from cluster.clock import Clock, ReferenceClock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.dbhealth import UNREACHABLE, DatabaseHealth, Reachability, is_connection_error
-from cluster.elector import UNABLE, ElectionConfig, LeaderElector
+from cluster.elector import LEASE_LOST, STEPPED_DOWN, UNABLE, ElectionConfig, LeaderElector
 from cluster.executor import PREPARE_WORKERS, RECONCILE_AFTER_S, Executor, Runner
 from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.logcontext import process_context, set_process_context
 from cluster.membership import Membership
-from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode, TermEndReason
+from cluster.models import NodeStatus, SchedulerNode, TermEndReason
+from cluster.services import Beat
 from cluster.timesync import TimeKeeper
-from cluster.wake import WAKE_CHANNEL
 from jobs import notifications
 
 logger = logging.getLogger(__name__)
@@ -82,8 +82,6 @@ LEADER_MAX_SLEEP_S = 0.25
 REAP_INTERVAL_S = 0.25
 # How often the leader's notifier looks for runs that ended badly and sends what is due.
 NOTIFY_INTERVAL_S = 1.0
-# The wake-up a draining leader publishes once it has released its lease.
-LEASE_RELEASED = "lease-released"
 LEADER_TICK_EARLY_S = 0.4
 # A leader whose ticks begin this long after the earliest slot they write (seconds), this many
 # ticks in a row, falls behind; it hands leadership over if its database round trip is at least
@@ -139,6 +137,10 @@ ERR_CONNECTIONS = (
 DB_WATCH_S = 0.1
 # The presence payload's mark of a node that cannot reach its database.
 DATABASE_UNREACHABLE = UNREACHABLE
+
+
+# Why this node's own term ended, by the elector's reason (UNABLE is decided in _record_term_end).
+TERM_END_REASONS = {STEPPED_DOWN: TermEndReason.STEPPED_DOWN, LEASE_LOST: TermEndReason.LEASE_LOST}
 
 
 def _end_reason(presence: dict[str, object] | None) -> TermEndReason:
@@ -332,25 +334,17 @@ class NodeRunner:
         # Present in the backend before the row says "active": the reaper never sees an active
         # node without a presence unless it is dead.
         self.presence_once()
-        now = self._now()
-        node, _ = SchedulerNode.objects.update_or_create(
+        node = services.node_register(
             node_id=self.config.node_id,
-            defaults={
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "version": VERSION,
-                "queues": self.config.queues,
-                "started_at": now,
-                "last_heartbeat": now,
-                "status": NodeStatus.ACTIVE,
-                "capacity": self.config.capacity,
-                "running_count": 0,
-                "drain_requested": False,
-                "heartbeat_interval_s": self.config.heartbeat_interval_s,
-                "dead_after_s": self.config.dead_after_s,
-            },
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            version=VERSION,
+            queues=self.config.queues,
+            capacity=self.config.capacity,
+            heartbeat_interval_s=self.config.heartbeat_interval_s,
+            dead_after_s=self.config.dead_after_s,
+            now=self._now(),
         )
-        doorbell.ring()
         logger.info(
             "registered node %s (pid %s)", self.config.node_id, os.getpid(), extra=self._log_extra
         )
@@ -359,45 +353,32 @@ class NodeRunner:
     def heartbeat_once(self) -> float:
         if self.timekeeper is not None:
             self.timekeeper.maybe_sync()
-        now = self._now()
-        status = NodeStatus.DRAINING if self.draining else NodeStatus.ACTIVE
-        # A row marked stopped is never brought back: that is this node's own shutdown, and a
-        # heartbeat in flight when it was written must not make the node look alive again.
-        updated = (
-            SchedulerNode.objects.filter(node_id=self.config.node_id)
-            .exclude(status__in=[NodeStatus.DEAD, NodeStatus.STOPPED])
-            .update(last_heartbeat=now, running_count=self.executor.running_count, status=status)
+        beat = services.node_heartbeat(
+            node_id=self.config.node_id,
+            now=self._now(),
+            running_count=self.executor.running_count,
+            draining=self.draining,
+            rejoin=not self.stop_event.is_set(),
         )
-        if not updated and not self.stop_event.is_set():
+        if beat == Beat.REJOINED:
             # Declared dead while we were paused or cut off: our running work was marked lost and
-            # retried elsewhere (our own writes on it are fenced by the claim token). Rejoin.
-            rejoined = SchedulerNode.objects.filter(
-                node_id=self.config.node_id, status=NodeStatus.DEAD
-            ).update(last_heartbeat=now, status=status, running_count=self.executor.running_count)
-            if rejoined:
-                logger.warning(
-                    "node %s was declared dead; rejoining",
-                    self.config.node_id,
-                    extra=self._log_extra,
-                )
-            elif not SchedulerNode.objects.filter(node_id=self.config.node_id).exists():
-                # An operator removed this node's row while it was dead or stopped: register again.
-                logger.warning(
-                    "node %s was removed from the list; registering again",
-                    self.config.node_id,
-                    extra=self._log_extra,
-                )
-                self.register()
+            # retried elsewhere (our own writes on it are fenced by the claim token).
+            logger.warning(
+                "node %s was declared dead; rejoining", self.config.node_id, extra=self._log_extra
+            )
+        elif beat == Beat.GONE and not self.stop_event.is_set():
+            # An operator removed this node's row while it was dead or stopped: register again.
+            logger.warning(
+                "node %s was removed from the list; registering again",
+                self.config.node_id,
+                extra=self._log_extra,
+            )
+            self.register()
         self.executor.apply_cancel_requests()
         if self.clock.monotonic() - self._last_reconcile >= RECONCILE_INTERVAL_S:
             self._last_reconcile = self.clock.monotonic()
             self.executor.reconcile()
-        if (
-            not self.draining
-            and SchedulerNode.objects.filter(
-                node_id=self.config.node_id, drain_requested=True
-            ).exists()
-        ):
+        if not self.draining and selectors.node_drain_requested(self.config.node_id):
             logger.info("drain requested by an operator", extra=self._log_extra)
             threading.Thread(target=self.shutdown, name="drain", daemon=True).start()
         return self.config.heartbeat_interval_s
@@ -598,19 +579,19 @@ class NodeRunner:
                 self.backend.raise_term_floor(LEASE_NAME, stored)
                 self.elector.release()
                 return
-            now = self._now()
-            with transaction.atomic():
-                older = list(
-                    LeadershipTerm.objects.filter(ended_at__isnull=True, term__lt=lease.term)
-                )
-                live = self._live_nodes() if older else {}
-                for old in older:
-                    old.ended_at = now
-                    old.end_reason = _end_reason(live.get(old.node_id))
-                    old.save(update_fields=["ended_at", "end_reason"])
-                LeadershipTerm.objects.get_or_create(
-                    term=lease.term, defaults={"node_id": self.config.node_id, "acquired_at": now}
-                )
+            read: list[dict[str, dict[str, object]]] = []
+
+            def end_reason_of(node_id: str) -> TermEndReason:
+                if not read:  # the presences, read once and only if an older term is still open
+                    read.append(self._live_nodes())
+                return _end_reason(read[0].get(node_id))
+
+            services.term_begin(
+                term=lease.term,
+                node_id=self.config.node_id,
+                now=self._now(),
+                end_reason_of=end_reason_of,
+            )
         except Exception:
             logger.exception("could not record term %s; stepping down", lease.term, extra=extra)
             close_old_connections()
@@ -618,7 +599,6 @@ class NodeRunner:
             return
         self._term = lease.term
         self._leading.set()
-        doorbell.ring()  # dashboards show the new leader at once
         node_metrics.leading(lease.term, "started")
         self._term_in_logs(lease.term)
         logger.info("started leading (term %s)", lease.term, extra=extra)
@@ -639,17 +619,13 @@ class NodeRunner:
         if reason == UNABLE and not self._yielding():
             # This node cannot reach the database now; the next leader closes the term.
             return
-        if reason == UNABLE:
-            end_reason = TermEndReason.FELL_BEHIND
-        elif reason == "stepped_down":
-            end_reason = TermEndReason.STEPPED_DOWN
-        else:
-            end_reason = TermEndReason.LEASE_LOST
+        end_reason = (
+            TermEndReason.FELL_BEHIND
+            if reason == UNABLE
+            else TERM_END_REASONS.get(reason, TermEndReason.LEASE_LOST)
+        )
         try:
-            LeadershipTerm.objects.filter(term=lease.term, ended_at__isnull=True).update(
-                ended_at=self._now(), end_reason=end_reason
-            )
-            doorbell.ring()
+            services.term_end(term=lease.term, reason=end_reason, now=self._now())
         except Exception:
             logger.exception("could not close term %s", lease.term, extra=extra)
             close_old_connections()
@@ -676,12 +652,12 @@ class NodeRunner:
                 presences = self.backend.live_nodes()
                 now = self._now()
                 dead_after = timedelta(seconds=self.config.dead_after_s)
-                reaped = scheduler.reap_dead_nodes(
+                reaped = reaper.reap_dead_nodes(
                     term=term,
                     now=now,
                     dead_after=dead_after,
                     live=set(presences),
-                    cut_off=scheduler.read_cut_off(presences, now=now, after=dead_after),
+                    cut_off=reaper.read_cut_off(presences, now=now, after=dead_after),
                 )
                 if reaped.dead_nodes or reaped.stuck or reaped.cut_off_nodes:
                     logger.warning(
@@ -739,19 +715,17 @@ class NodeRunner:
 
     # --- wake-ups through Redis ------------------------------------------------------------------------
     def _publish_wake(self, message: str | None = None) -> None:
-        publish = getattr(self.backend, "publish", None)
-        if publish is not None:
+        if self.backend.pushes:
             with contextlib.suppress(Exception):
-                publish(WAKE_CHANNEL, message or self.config.node_id)
+                self.backend.publish(announce.WAKE_CHANNEL, message or self.config.node_id)
 
     def _listen_wake(self) -> None:
-        subscribe = getattr(self.backend, "subscribe", None)
-        if subscribe is None:
-            return
+        if not self.backend.pushes:
+            return  # the loops poll on their own (LEADER_MAX_SLEEP_S, CLAIM_POLL_S)
         while not self.stop_event.is_set():
             try:
-                for message in subscribe(WAKE_CHANNEL, self.stop_event):
-                    if message == LEASE_RELEASED:
+                for message in self.backend.subscribe(announce.WAKE_CHANNEL, self.stop_event):
+                    if message == announce.LEASE_RELEASED:
                         self.elector.poke()
                     self._wake_leader.set()
                     self._wake_claim.set()
@@ -942,14 +916,14 @@ class NodeRunner:
             # Recorded before the lease is released: the next leader closes any term still open
             # when it records its own, and would call this one's end "lease lost". The election
             # thread is stopped only after this write, since on its way out it releases the lease.
-            self._record_term_end(lease, "stepped_down")
+            self._record_term_end(lease, STEPPED_DOWN)
         self._election_stop.set()
         self.elector.poke()
         try:
             if self.elector.release():
                 # Followers campaign now instead of at their next retry (up to a retry period
                 # later: 250 ms plus jitter by default).
-                self._publish_wake(LEASE_RELEASED)
+                self._publish_wake(announce.LEASE_RELEASED)
         except Exception:
             logger.exception("lease release failed (it will expire)", extra=extra)
         # This thread's connection may have died with a database outage long ago (the main
@@ -978,10 +952,7 @@ class NodeRunner:
         )
         for attempt in range(STOP_MARK_ATTEMPTS):
             try:
-                SchedulerNode.objects.filter(node_id=self.config.node_id).update(
-                    status=NodeStatus.STOPPED, running_count=0, drain_requested=False
-                )
-                doorbell.ring()
+                services.node_mark_stopped(node_id=self.config.node_id)
                 break
             except Exception:
                 logger.exception(

@@ -84,3 +84,8 @@ def cluster_state(*, now: datetime | None = None) -> dict[str, Any]:
         "nodes": by_status,
         "time": now,
     }
+
+
+def node_drain_requested(node_id: str) -> bool:
+    """Whether an operator asked this node to drain (it sees it on its next heartbeat)."""
+    return SchedulerNode.objects.filter(node_id=node_id, drain_requested=True).exists()

@@ -95,19 +95,29 @@ def transition(
 
 
 def new_fire(
-    job: Job, slot: datetime, *, term: int, now: datetime, status: str = S.PENDING, reason: str = ""
+    job: Job,
+    slot: datetime,
+    *,
+    term: int,
+    now: datetime,
+    due: datetime | None = None,
+    status: str = S.PENDING,
+    reason: str = "",
 ) -> JobExecution:
-    """A scheduled fire of ``job`` for ``slot`` (unsaved; ``create_fires`` stores a batch)."""
+    """A scheduled fire of ``job`` for ``slot``, due at ``due`` (its plan's: the slot plus the job's
+    spread; by default computed here) (unsaved; ``create_fires`` stores a batch)."""
     if status not in (S.PENDING, S.SKIPPED):
         raise ValueError(f"a fire is created pending or skipped, not {status}")
-    offset = spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
+    if due is None:
+        offset = spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
+        due = slot + timedelta(seconds=offset)
     return JobExecution(
         job_id=job.pk,
         scheduled_for=slot,
         attempt=1,
         trigger=Trigger.SCHEDULE,
         status=status,
-        run_after=slot + timedelta(seconds=offset),
+        run_after=due,
         queue=job.queue,
         priority=job.priority,
         term=term,
@@ -779,6 +789,14 @@ def hand_back_unstarted(execution: JobExecution) -> bool:
     )
 
 
+def hand_back_claims(*, node: str, claimed_before: datetime) -> int:
+    """The claimed, unstarted executions ``node`` took before ``claimed_before`` go back to the
+    queue (a node cut off from the database since then cannot start them)."""
+    return JobExecution.objects.filter(
+        node=node, claimed_at__lt=claimed_before, status=S.PENDING
+    ).update(claim_token=None, node="", claimed_at=None)
+
+
 def hand_back_nodes(nodes: Iterable[str]) -> int:
     """Every claimed, unstarted execution of these (dead or stopped) nodes goes back to the queue."""
     return JobExecution.objects.filter(node__in=list(nodes), status=S.PENDING).update(
@@ -1045,6 +1063,13 @@ def _update_outcomes(rows: list[tuple[JobExecution, dict[str, Any]]]) -> int:
         where=f"{quote('status')} = %s AND {quote('claim_token')} IN ({', '.join(['%s'] * len(rows))})",
         where_params=[S.RUNNING, *tokens],
     )
+
+
+def declare_lost(execution: JobExecution, *, reason: str, now: datetime) -> bool:
+    """The one way a run becomes lost: its node can no longer report on it (the node died, was
+    cut off, stopped without finishing it, or its body never started there), with the reason;
+    retried per policy. Call inside a transaction."""
+    return end_running(execution, status=S.LOST, reason=reason, now=now)
 
 
 def end_running(execution: JobExecution, *, status: str, reason: str, now: datetime) -> bool:

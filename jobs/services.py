@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from jobs import bulk, events, executions, registry, retention, schedules
+from jobs import bulk, events, executions, firing, registry, retention
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
@@ -127,22 +127,13 @@ def audit_event(
 def job_first_fire(
     values: dict[str, Any], *, now: datetime, last_fire: datetime | None = None
 ) -> datetime | None:
-    """The first fire slot of a (new or rescheduled) job, or None when paused or exhausted. A
-    recurring job resumed or edited fires next after ``last_fire`` too (the leader creates fires
-    ahead of their slot: the next slot after now may already have its row)."""
-    if not values.get("enabled"):
-        return None
-    if values["schedule_type"] == ScheduleType.ONCE:
-        # A one-off job is due at run_at even when that is a moment ago: the scheduler's misfire
-        # policy decides what a late fire means.
-        return values["run_at"]
-    return schedules.next_fire_after(
-        schedule_type=values["schedule_type"],
-        after=max(now, last_fire) if last_fire is not None else now,
-        cron_expression=values.get("cron_expression", ""),
-        timezone=values.get("timezone", "UTC"),
-        interval_seconds=values.get("interval_seconds"),
-        start_at=values.get("start_at"),
+    """The first fire slot of a (new or rescheduled) job's validated ``values``
+    (``jobs.firing.first_fire``)."""
+    return firing.first_fire(
+        firing.Schedule.from_values(values),
+        enabled=bool(values.get("enabled")),
+        now=now,
+        last_fire=last_fire,
     )
 
 

@@ -8,7 +8,13 @@ Two primitives, both time-bounded:
 - a **lock** (mutual exclusion, e.g. the per-job ``forbid`` lock): no holder name, only an owner
   token; extended while the work runs, released by compare-and-delete.
 
-Plus presence keys per node (heartbeats).
+Plus presence keys per node (heartbeats), and a **bus**: publish a short message on a channel,
+subscribe to one. The bus carries wake-ups between processes (a job edited in the web process
+wakes the leader, a new run the claimers) and the live feed's doorbell; it is an optimisation the
+database stays the truth of, so a message may be lost and every subscriber also polls. Redis and the
+memory backend push; the database backend's bus carries nothing (``pushes`` is False): its
+subscribers poll instead, every node on its short loops, the live feed every
+``SCHEDULER_LIVE_POLL_S``.
 
 Every call makes exactly ONE attempt and never sleeps or retries: retries, jitter and timing belong
 to the caller (the elector, the executor). "Someone else has it / it is no longer ours" is a normal
@@ -20,7 +26,8 @@ from __future__ import annotations
 
 import abc
 import secrets
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,6 +174,29 @@ class CoordinationBackend(abc.ABC):
         """Node id -> heartbeat payload, for every node whose presence has not expired. Each
         payload also carries ``expires_at_ms`` (wall-clock ms, the reader's estimate) so a reader
         can tell a node that renews on time from one that has stopped and is about to expire."""
+
+    # --- the bus ----------------------------------------------------------------------------------
+    #: Whether a subscriber hears what is published. False: publishing is free and does nothing,
+    #: and subscribers poll on their own schedule.
+    pushes: bool = False
+
+    def publish(self, channel: str, message: str) -> None:  # noqa: B027 - a bus that carries nothing
+        """Tell whoever listens on ``channel`` now (nothing is kept for a later subscriber).
+        Raises CoordinationError if the bus cannot be reached."""
+
+    def subscribe(
+        self,
+        channel: str,
+        stop: threading.Event,
+        on_subscribed: Callable[[], None] | None = None,
+    ) -> Iterator[str]:
+        """Yield each message published on ``channel`` from the subscription on, until ``stop`` is
+        set. ``on_subscribed`` is called once the subscription holds (from then on nothing
+        published is missed). Raises CoordinationError when the bus is lost; the subscriber
+        subscribes again (and should look at the database, since it may have missed a message).
+        A bus that pushes nothing yields nothing: it waits for ``stop``."""
+        stop.wait()
+        yield from ()
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for backends holding nothing
         """Release connections. The backend must not be used afterwards."""

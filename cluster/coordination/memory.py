@@ -1,13 +1,16 @@
 """An in-process coordination backend for unit tests: the same semantics, an injected clock.
 
-Shared only by the threads of one process; it coordinates nothing across processes.
+Shared only by the threads of one process; it coordinates nothing across processes. Its bus hands a
+message to every subscription of the store open at the time.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import queue
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +47,7 @@ class MemoryStore:
         self.leases: dict[str, _Slot] = {}
         self.locks: dict[str, _Slot] = {}
         self.nodes: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.subscriptions: dict[str, list[queue.SimpleQueue[str]]] = {}
 
 
 class MemoryBackend(CoordinationBackend):
@@ -166,3 +170,35 @@ class MemoryBackend(CoordinationBackend):
                 for node_id, (expires_at_ms, payload) in self._nodes.items()
                 if expires_at_ms > now
             }
+
+    # --- the bus -------------------------------------------------------------------------------------
+    pushes = True
+    # How often a subscription looks at its stop event while nothing is published (seconds).
+    SUBSCRIBE_POLL_S = 0.05
+
+    def publish(self, channel: str, message: str) -> None:
+        with self._mutex:
+            listeners = list(self.store.subscriptions.get(channel, ()))
+        for listener in listeners:
+            listener.put(message)
+
+    def subscribe(
+        self,
+        channel: str,
+        stop: threading.Event,
+        on_subscribed: Callable[[], None] | None = None,
+    ) -> Iterator[str]:
+        inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
+        with self._mutex:
+            self.store.subscriptions.setdefault(channel, []).append(inbox)
+        try:
+            if on_subscribed is not None:
+                on_subscribed()
+            while not stop.is_set():
+                try:
+                    yield inbox.get(timeout=self.SUBSCRIBE_POLL_S)
+                except queue.Empty:
+                    continue
+        finally:
+            with self._mutex:
+                self.store.subscriptions[channel].remove(inbox)

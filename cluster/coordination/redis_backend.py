@@ -20,7 +20,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -314,24 +314,34 @@ class RedisBackend(CoordinationBackend):
             nodes[key[len(start) :]] = {**json.loads(raw), "expires_at_ms": now + pttl}
         return nodes
 
-    # --- wake-ups (not part of the interface: the database backend has no push) -------------------
+    # --- the bus: Redis pub/sub on the coordination server ---------------------------------------
+    pushes = True
+
     def publish(self, channel: str, message: str) -> None:
-        """Tell every subscribed node that something changed (jobs edited, executions created)."""
         key = self.channel_key(channel)
         with self._errors("publish", key):
             self.client.publish(key, message)
 
-    def subscribe(self, channel: str, stop: threading.Event) -> Iterator[str]:
-        """Yield each message published on ``channel`` until ``stop`` is set."""
+    def subscribe(
+        self,
+        channel: str,
+        stop: threading.Event,
+        on_subscribed: Callable[[], None] | None = None,
+    ) -> Iterator[str]:
         key = self.channel_key(channel)
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub = self.client.pubsub()
         try:
             with self._errors("subscribe", key):
                 pubsub.subscribe(key)
             while not stop.is_set():
                 with self._errors("subscribe", key):
                     message = pubsub.get_message(timeout=SUBSCRIBE_POLL_S)
-                if message is not None:
+                if message is None:
+                    continue
+                if message.get("type") == "subscribe":
+                    if on_subscribed is not None:
+                        on_subscribed()
+                elif message.get("type") == "message":
                     yield str(message.get("data", ""))
         finally:
             with contextlib.suppress(Exception):

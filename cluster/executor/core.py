@@ -186,7 +186,7 @@ class Executor:
         self.claiming = True
         # Whether this node can write to its database now (the node's health). A body never
         # starts while it cannot: its node says which bodies run in its presence, and the leader
-        # takes the rest of its work (cluster.scheduler.read_cut_off).
+        # takes the rest of its work (cluster.reaper.read_cut_off).
         self.database_able: Callable[[], bool] = lambda: True
         # Runs made active but refused at their start while the database was unreachable (their
         # rows still say running): the presence names them so the leader hands them back.
@@ -520,9 +520,8 @@ class Executor:
                 handed_back += executions.hand_back_unstarted(execution)
                 continue
             with transaction.atomic():
-                lost += executions.end_running(
+                lost += executions.declare_lost(
                     execution,
-                    status=S.LOST,
                     reason=REASON_UNTRACKED.format(node=self.node_id),
                     now=now,
                 )
@@ -1117,9 +1116,8 @@ class Executor:
             if run.process is not None and run.process.is_alive():
                 run.process.kill()
             with transaction.atomic():
-                if executions.end_running(
+                if executions.declare_lost(
                     run.execution,
-                    status=S.LOST,
                     reason=REASON_SHUT_DOWN.format(node=self.node_id),
                     now=self._now(),
                 ):

@@ -186,9 +186,8 @@ def blockers(
     if gone:
         with transaction.atomic():
             for other in gone:
-                executions.end_running(
+                executions.declare_lost(
                     other,
-                    status=S.LOST,
                     reason=REASON_BLOCKER_GONE.format(node=other.node or "?"),
                     now=now,
                 )

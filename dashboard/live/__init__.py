@@ -7,9 +7,10 @@ encoded once, straight to the ``DashboardConsumer`` of each (same process, same 
 channel-layer hop). Each web process polls for its own clients only, so this works the same in the
 embedded mode and behind a load balancer.
 
-When it polls: on the doorbell (``cluster.doorbell``: any process rings after it commits a change a
-dashboard shows) and every ``SCHEDULER_LIVE_IDLE_POLL_S`` as a fallback; without Redis, or while the
-doorbell cannot be heard, every ``SCHEDULER_LIVE_POLL_S``.
+When it polls: on the doorbell (any process rings it after it commits a change a dashboard shows:
+``cluster.announce``; ``dashboard.live.doorbell`` listens) and every ``SCHEDULER_LIVE_IDLE_POLL_S``
+as a fallback; on a bus that pushes nothing (database coordination), or while the doorbell cannot
+be heard, every ``SCHEDULER_LIVE_POLL_S``.
 
 The database work runs in one dedicated thread (one connection, not one per pool thread) and keeps
 its state there (``LiveState``); the event loop keeps the registry of connected clients

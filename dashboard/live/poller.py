@@ -16,7 +16,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connection, connections
 
-from cluster import doorbell
+from dashboard.live import doorbell
 from dashboard.live.protocol import MAX_SUBSCRIPTIONS, LiveConfig, OutputSent
 from dashboard.live.state import LiveState, PollRequest, PollResult
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from cluster import doorbell
+from cluster import announce
 from jobs.conf import app_setting
 
 # WebSocket close codes of the protocol.
@@ -42,7 +42,7 @@ class LiveConfig:
             recheck_s=float(app_setting("SCHEDULER_LIVE_RECHECK_S")),
             lookback_s=float(app_setting("SCHEDULER_LIVE_LOOKBACK_S")),
             idle_poll_s=float(app_setting("SCHEDULER_LIVE_IDLE_POLL_S")),
-            doorbell=doorbell.enabled(),
+            doorbell=announce.bus().pushes,
         )
         if min(config.poll_s, config.recheck_s) <= 0 or config.lookback_s < 0:
             raise ValueError(f"invalid live dashboard timing: {config}")

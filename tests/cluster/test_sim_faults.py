@@ -16,12 +16,12 @@ from cluster.admission import REASON_FORBID, REASON_MISFIRE_STALE
 from cluster.executor import PREPARE_AHEAD_S
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
 from cluster.node import OVERRUN_S, SLOW_PATH
-from cluster.scheduler import (
+from jobs import services
+from jobs.firing import (
     REASON_MISFIRE_BEYOND_BOUND,
     REASON_MISFIRE_COALESCED,
     REASON_MISFIRE_SKIPPED,
 )
-from jobs import services
 from jobs.models import Job, JobExecution
 from jobs.states import TERMINAL_STATES, ExecutionStatus
 from tests.cluster.faults_helpers import dump, rows
