@@ -15,7 +15,6 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs import executions as executions_module
 from jobs.executions import (
     backoff_delay,
     claim_batch,
@@ -24,6 +23,8 @@ from jobs.executions import (
     hand_back,
     start_batch,
 )
+from jobs.executions import claims as claims_module
+from jobs.executions import transitions as transitions_module
 from jobs.models import Job, JobExecution, Trigger
 from jobs.services import SYSTEM, job_create, job_pause, job_update
 from jobs.states import ExecutionStatus
@@ -392,7 +393,7 @@ def test_finish_batch_writes_many_different_outcomes_in_one_statement(
     ]
     with transaction.atomic(), django_assert_num_queries(1):
         assert finish_batch(outcomes[:20], now=NOW) == {run.pk for run in runs[:20]}
-    monkeypatch.setattr(executions_module, "FINISH_STATEMENT_CHARS", 30)
+    monkeypatch.setattr(transitions_module, "FINISH_STATEMENT_CHARS", 30)
     with transaction.atomic(), CaptureQueriesContext(connection) as queries:
         assert finish_batch(outcomes[20:], now=NOW) == {run.pk for run in runs[20:]}
     assert len(queries) > 1
@@ -741,12 +742,12 @@ def test_a_claim_that_matched_fewer_rows_than_it_locked_keeps_those_that_carry_i
     job = make_job(concurrency_policy="allow")
     now = timezone.now()
     rows = [add_execution(job, slot=now - (3 - i) * SECOND) for i in range(3)]
-    real = executions_module._claim_statement
+    real = claims_module._claim_statement
 
     def skipping_the_first(sql, claimed, picked_ids, *args):
         return real(sql, claimed[1:], picked_ids - {claimed[0].pk}, *args)
 
-    monkeypatch.setattr(executions_module, "_claim_statement", skipping_the_first)
+    monkeypatch.setattr(claims_module, "_claim_statement", skipping_the_first)
     got = claim_batch(
         node_id=NODE,
         queues=["default"],

@@ -421,3 +421,38 @@ def test_processes_racing_have_exactly_one_winner(shared_env: Env) -> None:
     assert all(racer.returncode == 0 for racer in racers)
     assert [o["term"] for o in outcomes if o["term"] is not None] == [1]
     assert sum(o["lock"] for o in outcomes) == 1
+
+
+def test_the_bus_delivers_to_subscribers_once_subscribed_or_says_it_carries_nothing(
+    env: Env,
+) -> None:
+    """A node's publish reaches another node's subscription on a backend that pushes; on one that
+    does not (the database), publishing is free and a subscription only waits for its stop."""
+    peer = env.build()
+    stop = threading.Event()
+    subscribed = threading.Event()
+    heard: list[str] = []
+
+    def listen() -> None:
+        for message in peer.subscribe("contract", stop, subscribed.set):
+            heard.append(message)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    try:
+        if not env.backend.pushes:
+            env.backend.publish("contract", "ignored")
+            assert not subscribed.wait(0.3) and heard == []
+            return
+        assert subscribed.wait(5), "the subscription never held"
+        env.backend.publish("contract", "hello")
+        env.backend.publish("other-channel", "not for us")
+        deadline = time.monotonic() + 5
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert heard == ["hello"]
+    finally:
+        stop.set()
+        listener.join(5)
+        assert not listener.is_alive(), "the subscription did not end on stop"

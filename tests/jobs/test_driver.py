@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs import bulk, driver, services
-from jobs.executions import _ClaimSQL
+from jobs.executions.claims import _ClaimSQL
 from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
 

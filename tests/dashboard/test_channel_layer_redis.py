@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 
 from cluster.conf import redis_channel_layers
 from jobs.services import SYSTEM, job_create, job_trigger
-from tests.cluster.live_helpers import Dashboard, of_type, run, session_headers
+from tests.dashboard.live_helpers import Dashboard, of_type, run, session_headers
 
 INTERVAL = {"name": "idle", "task": "noop", "schedule_type": "interval", "interval_seconds": 3600}
 # Past channels-redis's blocking read (5 s) and redis-py's default read timeout (5 s).

@@ -28,7 +28,7 @@ from jobs.executions import transition
 from jobs.models import JobExecution
 from jobs.services import SYSTEM, job_create, job_delete, job_trigger, job_update
 from jobs.states import ExecutionStatus
-from tests.cluster.live_helpers import Dashboard, closed, of_type, run, session_headers
+from tests.dashboard.live_helpers import Dashboard, closed, of_type, run, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

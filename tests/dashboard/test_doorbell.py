@@ -16,13 +16,14 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from cluster import doorbell, wake
+from cluster import announce
 from cluster.coordination.redis_backend import RedisBackend
 from dashboard.live import poller as live_poller
+from dashboard.live.doorbell import Listener
 from jobs.models import JobExecution
 from jobs.services import SYSTEM, job_create, job_trigger
 from tests.cluster.harness import wait_for
-from tests.cluster.live_helpers import Dashboard, of_type, run, session_headers
+from tests.dashboard.live_helpers import Dashboard, of_type, run, session_headers
 
 INTERVAL = {"name": "bell", "task": "noop", "schedule_type": "interval", "interval_seconds": 3600}
 _prefixes = itertools.count()
@@ -37,7 +38,7 @@ def unique_prefix() -> str:
 
 def test_a_burst_of_rings_is_coalesced_and_the_last_one_is_never_lost() -> None:
     published: list[float] = []
-    ringer = doorbell.Ringer(lambda: published.append(time.monotonic()))
+    ringer = announce.Ringer(lambda: published.append(time.monotonic()))
     started = time.monotonic()
     for _ in range(20_000):  # an after-commit hook of a big batch rings once per execution
         ringer.ring()
@@ -45,21 +46,21 @@ def test_a_burst_of_rings_is_coalesced_and_the_last_one_is_never_lost() -> None:
     wait_for(lambda: published and published[-1] >= last_ring, 2)
     elapsed = time.monotonic() - started
     # At most one publish per spacing (and one at the start), however many rings.
-    assert 1 <= len(published) <= elapsed / doorbell.RING_SPACING_S + 2, (len(published), elapsed)
+    assert 1 <= len(published) <= elapsed / announce.RING_SPACING_S + 2, (len(published), elapsed)
 
 
 def test_a_failing_publish_is_logged_once_and_ringing_goes_on(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(doorbell, "RETRY_AFTER_ERROR_S", 0.2)
+    monkeypatch.setattr(announce, "RETRY_AFTER_ERROR_S", 0.2)
     calls: list[float] = []
 
     def broken() -> None:
         calls.append(time.monotonic())
         raise ConnectionError("Redis is down")
 
-    ringer = doorbell.Ringer(broken)
-    caplog.set_level("WARNING", logger="cluster.doorbell")
+    ringer = announce.Ringer(broken)
+    caplog.set_level("WARNING", logger="cluster.announce")
     started = time.monotonic()
     while time.monotonic() - started < 0.7:  # rung all the time, as a busy node does
         ringer.ring()
@@ -79,7 +80,7 @@ class Ear:
     def __init__(self, backend: RedisBackend) -> None:
         self.rings = 0
         self.heard = threading.Event()
-        self.listener = doorbell.Listener(self._on_ring, backend=backend)
+        self.listener = Listener(self._on_ring, backend=backend)
 
     def _on_ring(self) -> None:
         self.rings += 1
@@ -101,7 +102,7 @@ def test_the_listener_hears_rings_says_when_it_cannot_and_comes_back(private_red
         wait_for(lambda: ear.listener.connected, 5)
         assert ear.rings == 1  # on connecting: whatever rang before
         ear.heard.clear()
-        backend.publish(doorbell.LIVE_CHANNEL, "")
+        backend.publish(announce.LIVE_CHANNEL, "")
         assert ear.heard.wait(2)
         assert ear.rings == 2
 
@@ -114,7 +115,7 @@ def test_the_listener_hears_rings_says_when_it_cannot_and_comes_back(private_red
         wait_for(lambda: ear.listener.connected, 10)
         assert ear.rings == rings_when_lost + 1
         ear.heard.clear()
-        backend.publish(doorbell.LIVE_CHANNEL, "")
+        backend.publish(announce.LIVE_CHANNEL, "")
         assert ear.heard.wait(2)
     finally:
         ear.listener.stop()
@@ -134,7 +135,7 @@ def rung_feed(settings: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch) ->
     settings.SCHEDULER_LIVE_POLL_S = 0.02
     settings.SCHEDULER_LIVE_IDLE_POLL_S = 30.0
     settings.SCHEDULER_LIVE_RECHECK_S = 30.0
-    monkeypatch.setattr(wake, "_publisher", None)  # one for these settings
+    monkeypatch.setattr(announce, "_bus", None)  # one for these settings
 
 
 @pytest.mark.django_db(transaction=True)
@@ -187,7 +188,7 @@ def test_a_committed_change_reaches_the_dashboard_on_the_ring_not_the_fallback_p
         await tab.assert_none(
             of_type("executions", lambda rows: any(r["id"] == unrung.pk for r in rows)), 1.0
         )
-        doorbell.ring()
+        announce.ring()
         await tab.wait_for(
             of_type(
                 "executions",
