@@ -4,7 +4,8 @@
 it. A node process reads it from a :class:`ReferenceClock` (the database server's time, carried by
 the monotonic clock), so nodes agree on it even when one machine's clock is stepped.
 ``monotonic()`` never goes backwards and is what a process measures its own deadlines with (renew
-deadline, lock validity).
+deadline, lock validity). ``sleep()`` waits on the clock: real time on a real clock, an instant step
+on a settable one (a stepped test never waits on the wall clock).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class Clock(Protocol):
         """Seconds on a clock that never goes backwards; only differences are meaningful."""
         ...
 
+    def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` pass on this clock."""
+        ...
+
 
 def wall_ms(clock: Clock) -> int:
     """The clock's wall time in whole milliseconds (the unit of every stored expiry)."""
@@ -35,6 +40,9 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
 
 
 class ReferenceClock:
@@ -57,6 +65,9 @@ class ReferenceClock:
 
     def monotonic(self) -> float:
         return self.base.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        self.base.sleep(seconds)
 
     def sync(self, reference_s: float, *, sent_mono: float, received_mono: float) -> float:
         """Take a reading of the reference, asked at ``sent_mono`` and answered at
@@ -85,6 +96,10 @@ class SettableClock:
     def monotonic(self) -> float:
         with self._lock:
             return self._monotonic
+
+    def sleep(self, seconds: float) -> None:
+        """A sleep on a settable clock is the time passing: at once, nobody waits."""
+        self.advance(max(0.0, seconds))
 
     def advance(self, seconds: float) -> None:
         if seconds < 0:

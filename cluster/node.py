@@ -18,6 +18,13 @@ going, waits on the stop event instead of sleeping, and closes stale DB connecti
              node whose database does not answer neither leads nor campaigns.
 
 ``tick()`` runs one pass of everything in the calling thread, for tests.
+
+Why this file is longer than the others: ``NodeRunner`` is where the loops meet, and each loop's
+pass is a short method here that hands the work to the module that owns it (``cluster.services``
+for the node's and the terms' rows, ``cluster.scheduler`` and ``cluster.reaper`` for the leader's
+work, ``cluster.pace`` for whether this node's path keeps up, ``cluster.executor`` for claims and
+runs, ``cluster.dbhealth`` for the database's reachability). Splitting the passes from the loops
+that run them would only scatter the order in which a node starts, leads and drains.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.logcontext import process_context, set_process_context
 from cluster.membership import Membership
 from cluster.models import NodeStatus, SchedulerNode, TermEndReason
+from cluster.pace import SLOW_PATH, Pace
 from cluster.services import Beat
 from cluster.timesync import TimeKeeper
 from jobs import notifications
@@ -83,29 +91,6 @@ REAP_INTERVAL_S = 0.25
 # How often the leader's notifier looks for runs that ended badly and sends what is due.
 NOTIFY_INTERVAL_S = 1.0
 LEADER_TICK_EARLY_S = 0.4
-# A leader whose ticks begin this long after the earliest slot they write (seconds), this many
-# ticks in a row, falls behind; it hands leadership over if its database round trip is at least
-# SLOW_ROUND_TRIP_S and SLOWER_THAN_PEER times a live peer's (the path is its own, not the
-# database's), and does not campaign again for YIELD_HOLD_S.
-BEHIND_S = 1.0
-BEHIND_TICKS = 3
-# A leader pass (a tick and its reaping) still running this long (seconds) on a path whose
-# quickest call since the pass began is as slow as above hands over at once, mid-pass: a slow
-# link makes every pass long, and waiting for BEHIND_TICKS of them would stall the jobs for
-# several passes. Its writes after the hand-over are fenced.
-OVERRUN_S = 1.0
-SLOW_ROUND_TRIP_S = 0.02
-SLOWER_THAN_PEER = 3.0
-YIELD_HOLD_S = 10.0
-# Claims follow the same rule: a node whose quickest control call over the last PACE_WINDOW_S took
-# SLOW_ROUND_TRIP_S or more, SLOWER_THAN_PEER times a live peer's round trip, steps back from
-# claiming and hands back what it claimed but has not started (a claim it cannot start in time
-# holds a forbid job's later fires behind it). Judged every PACE_JUDGE_S from the claim loop; it
-# claims again once its path is quick or no peer is faster, and not before STEP_BACK_MIN_S.
-PACE_WINDOW_S = 1.5
-PACE_JUDGE_S = 0.5
-STEP_BACK_MIN_S = 2.0
-SLOW_PATH = "database path slow"
 # How often a node audits the rows it holds against what it tracks (executor.reconcile).
 RECONCILE_INTERVAL_S = 2.0
 # A node that has claimed nothing for this long because it is full or cannot confirm its
@@ -113,6 +98,7 @@ RECONCILE_INTERVAL_S = 2.0
 CLAIM_IDLE_LOG_S = 5.0
 DEFAULT_GRACE_S = 30.0
 STOP_MARK_ATTEMPTS = 5
+STOP_MARK_BACKOFF_S = 0.5
 LOOP_ERROR_BACKOFF_S = 0.5
 # Registering at start while the database or the coordination backend cannot be reached: the first
 # retry after this, doubling up to REGISTER_RETRY_MAX_S (seconds).
@@ -281,14 +267,6 @@ class NodeRunner:
         self._last_reconcile = self.clock.monotonic()
         self._idle_since: tuple[str, float] | None = None
         self._ended_term: int | None = None
-        # Falling behind (see BEHIND_S): late ticks in a row, and until when this node yields.
-        self._late_ticks = 0
-        self._yield_until = float("-inf")
-        # When the leader pass now running began (monotonic), None between passes.
-        self._pass_began: float | None = None
-        # Stepping back from claims on a slow path (see PACE_WINDOW_S): last judged, and since when.
-        self._pace_judged = float("-inf")
-        self._stepped_back_at: float | None = None
         self._idle_logged = float("-inf")
         self._threads: list[threading.Thread] = []
         self.membership = Membership(
@@ -322,7 +300,16 @@ class NodeRunner:
             clock=self.clock,
             on_started_leading=self._started_leading,
             on_stopped_leading=self._stopped_leading,
-            can_lead=self._can_lead,
+            can_lead=lambda: self.pace.can_lead(),
+        )
+        self.pace = Pace(
+            node_id=config.node_id,
+            clock=self.clock,
+            database=self.database,
+            executor=self.executor,
+            live_nodes=self._live_nodes,
+            is_leader=lambda: self.is_leader,
+            hand_over=self.elector.poke,
         )
         self._log_extra = {"node": config.node_id}
 
@@ -438,85 +425,8 @@ class NodeRunner:
         """Judge the database's reachability often: a control call that stalls (an answer held by
         a partition) is noticed within DB_WATCH_S of its bound, whatever the other loops do."""
         self.database.observe()
-        self._judge_overrun()
+        self.pace.judge_overrun()
         return DB_WATCH_S
-
-    def _judge_overrun(self) -> None:
-        """While a leader pass runs: one that has run OVERRUN_S on a path of its own far slower
-        than a peer's (see BEHIND_S) hands leadership over now, not after the pass."""
-        began = self._pass_began
-        if began is None or self._yielding() or not self.is_leader:
-            return
-        running = self.clock.monotonic() - began
-        if running < OVERRUN_S:
-            return
-        floor = self.database.fastest_since(began)
-        if floor is None or floor < SLOW_ROUND_TRIP_S:
-            return
-        peer = self._faster_peer(floor)
-        if peer is None:
-            return
-        self._hand_over(
-            f"a leader pass has run {running:.1f} s, its quickest database call taking "
-            f"{floor * 1000:.0f} ms",
-            peer,
-        )
-
-    def _can_lead(self) -> bool:
-        """Able to do the leader's work: the database answers, and this node has not just handed
-        leadership over for falling behind."""
-        return self.database.able() and self.clock.monotonic() >= self._yield_until
-
-    def _yielding(self) -> bool:
-        return self.clock.monotonic() < self._yield_until
-
-    def _judge_pace(self, late_s: float) -> None:
-        """After a tick: a leader that keeps falling behind on a slow path of its own hands over to
-        a peer whose path is fast (a database slow for everyone is not a reason to move)."""
-        if late_s < BEHIND_S:
-            self._late_ticks = 0
-            return
-        self._late_ticks += 1
-        own = self.database.round_trip_s()
-        if self._late_ticks < BEHIND_TICKS or own is None or own < SLOW_ROUND_TRIP_S:
-            return
-        peer = self._faster_peer(own)
-        if peer is None:
-            return
-        self._hand_over(
-            f"ticks begin {late_s:.1f} s after their slots; a database round trip takes "
-            f"{own * 1000:.0f} ms here",
-            peer,
-        )
-
-    def _hand_over(self, why: str, peer: tuple[str, float]) -> None:
-        """Falling behind on a slow path of its own: stop leading (the term ends "fell_behind")
-        and hold back from campaigning for YIELD_HOLD_S."""
-        self._late_ticks = 0
-        self._yield_until = self.clock.monotonic() + YIELD_HOLD_S
-        logger.warning(
-            "falling behind: %s, %.1f ms on %s: handing leadership over (no campaign for %.0f s)",
-            why,
-            peer[1],
-            peer[0],
-            YIELD_HOLD_S,
-            extra=self._log_extra,
-        )
-        self.elector.poke()
-
-    def _faster_peer(self, own_s: float) -> tuple[str, float] | None:
-        """The live peer with the fastest database round trip (node id, ms), if it is at least
-        SLOWER_THAN_PEER times faster than ``own_s`` and reaches its database."""
-        best: tuple[str, float] | None = None
-        for node_id, payload in self._live_nodes().items():
-            rtt = payload.get("db_rtt_ms")
-            if node_id == self.config.node_id or payload.get("database") == DATABASE_UNREACHABLE:
-                continue
-            if not isinstance(rtt, int | float) or rtt * SLOWER_THAN_PEER > own_s * 1000:
-                continue
-            if best is None or rtt < best[1]:
-                best = (node_id, float(rtt))
-        return best
 
     def _database_changed(self, state: Reachability) -> None:
         """Cut off from the database: a leader gives its lease up now, not at its next renewal."""
@@ -616,7 +526,7 @@ class NodeRunner:
         node_metrics.leading(None, reason)
         extra = {**self._log_extra, "term": lease.term}
         logger.info("stopped leading (term %s): %s", lease.term, reason, extra=extra)
-        if reason == UNABLE and not self._yielding():
+        if reason == UNABLE and not self.pace.yielding():
             # This node cannot reach the database now; the next leader closes the term.
             return
         end_reason = (
@@ -637,7 +547,7 @@ class NodeRunner:
         if not self.is_leader or term is None:
             return LEADER_MAX_SLEEP_S
         now = self._now()
-        self._pass_began = self.clock.monotonic()
+        self.pace.pass_began = self.clock.monotonic()
         try:
             result = scheduler.scheduler_tick(
                 term=term,
@@ -676,11 +586,11 @@ class NodeRunner:
             self.elector.release()
             return LEADER_MAX_SLEEP_S
         finally:
-            self._pass_began = None
+            self.pace.pass_began = None
         if result.fired or result.promoted:
             self._publish_wake()
             self._wake_claim.set()
-        self._judge_pace(result.late_s)
+        self.pace.judge_tick(result.late_s)
         if result.more:
             return 0.0
         earliest = scheduler.earliest_next_fire()
@@ -739,7 +649,7 @@ class NodeRunner:
             self.config.lookahead_s,
             LEADER_CLAIM_LOOKAHEAD_S if self.is_leader else CLAIM_LOOKAHEAD_S,
         )
-        self._judge_claim_pace()
+        self.pace.judge_claims()
         claimed = self.executor.claim_once()
         self._note_claim_idle(self.executor.idle_reason)
         if claimed:
@@ -747,48 +657,6 @@ class NodeRunner:
         if self.executor.next_claim_in is not None:
             return self.executor.next_claim_in
         return self.config.claim_poll_s
-
-    def _judge_claim_pace(self) -> None:
-        """Step back from claiming while this node's database path is far slower than a peer's,
-        handing back the unstarted claims; claim again once it is not (see PACE_WINDOW_S)."""
-        now = self.clock.monotonic()
-        if now - self._pace_judged < PACE_JUDGE_S:
-            return
-        self._pace_judged = now
-        floor = self.database.fastest_since(now - PACE_WINDOW_S)
-        slow = floor is not None and floor >= SLOW_ROUND_TRIP_S
-        peer = self._faster_peer(floor) if slow and floor is not None else None
-        if self._stepped_back_at is None:
-            if peer is None or floor is None:
-                return
-            self._stepped_back_at = now
-            self.executor.held_back = SLOW_PATH
-            node_metrics.claims_held_back(True)
-            handed_back = self.executor.release_unstarted()
-            logger.warning(
-                "%s: its quickest call in the last %.1f s took %.0f ms, %.1f ms on %s: claiming "
-                "nothing, %d unstarted claims handed back",
-                SLOW_PATH,
-                PACE_WINDOW_S,
-                floor * 1000,
-                peer[1],
-                peer[0],
-                handed_back,
-                extra=self._log_extra,
-            )
-            return
-        if peer is not None or now - self._stepped_back_at < STEP_BACK_MIN_S:
-            return
-        held_s = now - self._stepped_back_at
-        self._stepped_back_at = None
-        self.executor.held_back = None
-        node_metrics.claims_held_back(False)
-        logger.info(
-            "claiming again after %.1f s: %s",
-            held_s,
-            "no live peer is faster" if slow else "the database path is quick again",
-            extra=self._log_extra,
-        )
 
     def _note_claim_idle(self, reason: str | None) -> None:
         """Log, at most every CLAIM_IDLE_LOG_S, that this node has claimed nothing for a reason of
@@ -959,7 +827,7 @@ class NodeRunner:
                     "could not mark the node stopped (attempt %d)", attempt + 1, extra=extra
                 )
                 connection.close()
-                time.sleep(0.5)
+                self.clock.sleep(STOP_MARK_BACKOFF_S)
         self.stop_event.set()
         self.executor.wake_starter()
 

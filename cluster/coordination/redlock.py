@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -139,7 +138,7 @@ class Redlock:
         key, token = self.key(name), new_token()
         for attempt in range(self.retry_count + 1):
             if attempt:
-                time.sleep(random.uniform(*self.retry_delay_ms) / 1000)
+                self.clock.sleep(random.uniform(*self.retry_delay_ms) / 1000)
             started = self.clock.monotonic()
             votes = self._vote(
                 key, lambda index, client: client.set(key, token, nx=True, px=ttl_ms)

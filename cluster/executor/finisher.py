@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -186,7 +185,7 @@ class Finisher:
                     break
                 if attempt == 1 or attempt % 10 == 0:
                     logger.warning("writing %d outcomes failed (%s); retrying", len(batch), exc)
-                time.sleep(min(2.0, 0.1 * 2 ** min(attempt, 5)))
+                self.clock.sleep(min(2.0, 0.1 * 2 ** min(attempt, 5)))
             except Exception:
                 logger.exception("writing %d outcomes failed", len(batch))
                 close_old_connections()

@@ -86,7 +86,7 @@ def wait_until(clock: Clock, instant: float) -> None:
     """Return at the wall-clock ``instant`` (to well under a millisecond). A real clock only."""
     remaining = instant - clock.now()
     if remaining > SPIN_S:
-        time.sleep(remaining - SPIN_S)
+        clock.sleep(remaining - SPIN_S)
     while clock.now() < instant:
         pass
 

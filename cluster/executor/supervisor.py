@@ -1,12 +1,28 @@
-"""The supervisor's rule: which running runs are over though their bodies have not said so (a
-timeout passed, a cancel request's grace ran out, the job lock was lost)."""
+"""The supervisor: which running runs are over though their bodies have not said so (a timeout
+passed, a cancel request's grace ran out, the job lock was lost), and an operator's cancel requests
+passed on to the runs they name."""
 
 from __future__ import annotations
 
-from cluster.executor.runs import REASON_LOCK_LOST, REASON_TIMEOUT, ActiveRun, Outcome
+import threading
+
+from cluster.executor.host import Host
+from cluster.executor.ledger import Ledger
+from cluster.executor.runs import (
+    REASON_CANCELLED,
+    REASON_LOCK_LOST,
+    REASON_TIMEOUT,
+    ActiveRun,
+    Outcome,
+)
+from jobs.models import Isolation, JobExecution
 from jobs.states import ExecutionStatus
 
 S = ExecutionStatus
+
+SUPERVISE_INTERVAL_S = 0.05
+# A thread body asked to cancel has this long to return with what it has done (seconds).
+CANCEL_GRACE_S = 2.0
 
 
 def verdict(run: ActiveRun, now: float) -> Outcome | None:
@@ -33,3 +49,51 @@ def verdict(run: ActiveRun, now: float) -> Outcome | None:
             run, S.FAILED, error=REASON_LOCK_LOST, output=output, reason=REASON_LOCK_LOST
         )
     return None
+
+
+class Supervisor:
+    """Ends running runs that are over though their bodies have not said so, and passes an
+    operator's cancel requests on to them."""
+
+    def __init__(self, host: Host, books: Ledger) -> None:
+        self.host = host
+        self.books = books
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(SUPERVISE_INTERVAL_S):
+            self.supervise_once()
+
+    def supervise_once(self) -> int:
+        """One pass over the running runs; returns how many were judged over."""
+        now = self.host.clock.monotonic()
+        ended = 0
+        for run in self.books.running_runs():
+            outcome = verdict(run, now)
+            if outcome is not None:
+                ended += self.host.complete(outcome)
+        return ended
+
+    def apply_cancel_requests(self) -> int:
+        """Signal the runs an operator asked to cancel (one query over this node's running runs)."""
+        ids = self.books.running_ids()
+        if not ids:
+            return 0
+        wanted = list(
+            JobExecution.objects.filter(
+                pk__in=ids, status=S.RUNNING, cancel_requested=True
+            ).values_list("pk", "reason")
+        )
+        for pk, reason in wanted:
+            run = self.books.active_run(pk)
+            if run is not None and not run.cancel_event.is_set():
+                run.outcome_reason = reason or REASON_CANCELLED
+                run.cancel_event.set()
+                if run.execution.job.isolation == Isolation.PROCESS:
+                    # Recorded as cancelled first, then the child is killed (in complete), so its
+                    # death is not mistaken for a failure.
+                    self.host.complete(Outcome(run, S.CANCELLED, reason=run.outcome_reason))
+                else:
+                    # A task in a thread sees the event and returns with what it has done; the
+                    # supervisor records the cancel without it after CANCEL_GRACE_S.
+                    run.cancel_deadline = self.host.clock.monotonic() + CANCEL_GRACE_S
+        return len(wanted)

@@ -34,10 +34,11 @@ from django.utils import timezone
 from cluster.clock import SettableClock
 from cluster.coordination.memory import MemoryBackend, MemoryStore
 from cluster.dbhealth import is_connection_error
-from cluster.executor.core import OVERFLOW_WAIT_S, SUPERVISE_INTERVAL_S
+from cluster.executor.ledger import OVERFLOW_WAIT_S
 from cluster.executor.output import call_task, task_context
 from cluster.executor.runners import RunHost
 from cluster.executor.runs import ActiveRun, Outcome
+from cluster.executor.supervisor import SUPERVISE_INTERVAL_S
 from cluster.models import NodeStatus, SchedulerNode
 from cluster.node import NodeConfig, NodeRunner
 from jobs import registry

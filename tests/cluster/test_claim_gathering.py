@@ -9,8 +9,9 @@ import time
 import pytest
 
 from cluster.clock import SettableClock
-from cluster.executor import core
-from cluster.executor.core import CLAIM_GATHER_S, Executor
+from cluster.executor import ledger, starter
+from cluster.executor.claimer import CLAIM_GATHER_S
+from cluster.executor.core import Executor
 from cluster.executor.runs import Outcome
 from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
@@ -25,7 +26,7 @@ CAPACITY = 8
 @pytest.fixture
 def node(monkeypatch) -> tuple[Executor, Collected, SettableClock, list[int]]:
     # Gathering on its own: no runs claimed beyond capacity (test_overflow.py has those).
-    monkeypatch.setattr(core, "OVERFLOW_SHARE", 0.0)
+    monkeypatch.setattr(ledger, "OVERFLOW_SHARE", 0.0)
     executor, runner, clock, _ = stepped_executor("gatherer", capacity=CAPACITY, ahead_s=1)
     woken: list[int] = []
     executor.on_room = lambda: woken.append(1)
@@ -89,7 +90,7 @@ def test_runs_claimed_ahead_of_their_instant_do_not_make_a_node_behind(node, mon
     """At a whole second a node full of runs claimed ahead starts them together; the runs beyond
     the cluster's slots are claimed at the first slot that frees, not after a gathering wait."""
     executor, runner, clock, _ = node
-    monkeypatch.setattr(core, "PREPARE_AHEAD_S", 0.0)
+    monkeypatch.setattr(starter, "PREPARE_AHEAD_S", 0.0)
     enqueue(CAPACITY, due_in_s=1.5)  # half a second or more ahead of the node's clock
     executor.lookahead_s = 30.0
     assert executor.claim_once() == CAPACITY  # all slots, but none due yet

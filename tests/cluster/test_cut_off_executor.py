@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from cluster.executor.core import RECONCILE_AFTER_S
+from cluster.executor.audit import RECONCILE_AFTER_S
 from jobs import services
 from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
@@ -39,7 +39,7 @@ def test_no_body_starts_while_the_database_is_unreachable_and_the_refused_run_is
     executor.forget_refused()
     assert executor.refused_ids() == []
     # Answering again, the self-audit gives it back to the queue: it never ran (not "lost").
-    later = executor._now() + timedelta(seconds=RECONCILE_AFTER_S + 1)
+    later = executor.now() + timedelta(seconds=RECONCILE_AFTER_S + 1)
     assert executor.reconcile(now=later) == (1, 0)
     assert JobExecution.objects.get(pk=refused.execution.pk).status == S.PENDING
     assert JobExecution.objects.get(pk=body.execution.pk).status == S.RUNNING

@@ -33,8 +33,10 @@ from cluster.executor import (
     REASON_UNTRACKED,
     RECONCILE_AFTER_S,
     Executor,
+    admitter,
+    starter,
+    supervisor,
 )
-from cluster.executor import core as executor_core
 from cluster.executor.output import install_output_capture
 from cluster.logcontext import ContextFilter, JsonFormatter, set_process_context
 from cluster.membership import Membership
@@ -392,7 +394,7 @@ def test_a_process_run_cancelled_before_its_instant_never_starts_its_child(
     is recorded cancelled at once and its body must not start a child afterwards (it would run
     without its lock and without supervision)."""
     monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
-    monkeypatch.setattr(executor_core, "PREPARE_AHEAD_S", 0.8)  # a wide window to cancel in
+    monkeypatch.setattr(starter, "PREPARE_AHEAD_S", 0.8)  # a wide window to cancel in
     path = tmp_path / "r"
     job = make_job("cancel-early", "test.record", kwargs={"path": str(path)}, isolation="process")
     due = timezone.now() + timedelta(seconds=0.9)  # within the claim's look-ahead (1 s)
@@ -497,7 +499,7 @@ def test_a_cancel_request_cancels_the_running_execution(executor, tmp_path):
 def test_a_cancel_request_kills_a_process_isolated_run(executor, tmp_path, monkeypatch):
     # The outcome must not depend on when the supervisor's next pass comes: make it come late
     # (its current short wait ends long before the cancel below).
-    monkeypatch.setattr(executor_core, "SUPERVISE_INTERVAL_S", SLOW_SUPERVISOR_S)
+    monkeypatch.setattr(supervisor, "SUPERVISE_INTERVAL_S", SLOW_SUPERVISOR_S)
     monkeypatch.setenv("SCHEDULER_TASK_MODULES", "tests.cluster.tasks")
     pid_file = tmp_path / "child.pid"
     job = make_job(
@@ -681,14 +683,14 @@ def test_admission_batches_stuck_on_the_database_hold_up_no_later_batch(
     """Three admission batches hang (a connection cut mid-query waits for the read timeout): a
     run due after them is still admitted and started on time, in a thread of its own."""
     release = threading.Event()
-    real = executor._admit_batch
+    real = executor.admitter.admit_batch
 
     def admit(batch, settled, held):
         if any(item.execution.job.name.startswith("stuck") for item in batch):
             release.wait(OUTCOME_TIMEOUT_S)
         return real(batch, settled, held)
 
-    monkeypatch.setattr(executor, "_admit_batch", admit)
+    monkeypatch.setattr(executor.admitter, "admit_batch", admit)
     path = tmp_path / "r"
     now = timezone.now()
     stuck = []
@@ -836,7 +838,7 @@ def test_reconcile_gives_back_rows_this_node_holds_but_does_not_track(executor):
         claim_token="theirs",
         claimed_at=old,
     )
-    executor._launched[running.pk] = None  # its body may have run here (then lost track)
+    executor.books.launched[running.pk] = None  # its body may have run here (then lost track)
 
     assert executor.reconcile(now=now) == (1, 1)
 
@@ -853,8 +855,8 @@ def test_a_failed_admission_leaks_no_capacity(executor, monkeypatch):
     """The database stays away: each admission of the run fails. After ADMISSION_ATTEMPTS the run
     stops counting against capacity (a node that leaks them ends up claiming nothing at all), and
     the audit gives the row back."""
-    monkeypatch.setattr(executor_core, "ADMISSION_RETRY_S", 0.01)
-    monkeypatch.setattr(executor_core, "ADMISSION_ATTEMPTS", 3)
+    monkeypatch.setattr(admitter, "ADMISSION_RETRY_S", 0.01)
+    monkeypatch.setattr(admitter, "ADMISSION_ATTEMPTS", 3)
     job = make_job("unlucky", "noop")
     execution = submit_ahead(job)
     calls = []
@@ -991,7 +993,7 @@ def test_nodes_full_of_waiting_runs_still_claim_the_older_fire_they_wait_for(tmp
         # Each node claims until full: one run counted against capacity, one more in the
         # waiting room's own budget.
         for runner in runners:
-            wait_for(lambda r=runner: r.claim_once() == 0 and len(r._waiting) == 2, 5)
+            wait_for(lambda r=runner: r.claim_once() == 0 and len(r.books.waiting) == 2, 5)
         assert not JobExecution.objects.filter(status=S.PENDING, claim_token__isnull=True).exists()
 
         assert executions.hand_back(older)  # its node gave it up
@@ -1013,14 +1015,14 @@ def test_nodes_full_of_waiting_runs_still_claim_the_older_fire_they_wait_for(tmp
 def test_outcomes_waiting_for_the_finisher_hold_capacity_only_beyond_a_budget(executor):
     """Bodies that have ended do not run and hold no lock: a finisher a little behind must not
     stop the node claiming. Up to ``capacity`` unwritten outcomes cost nothing; more do."""
-    with executor._lock:
-        executor._unwritten = executor.capacity
+    with executor.books.lock:
+        executor.books.unwritten = executor.capacity
     assert executor.load == 0
-    with executor._lock:
-        executor._unwritten = executor.capacity + 3
+    with executor.books.lock:
+        executor.books.unwritten = executor.capacity + 3
     assert executor.load == 3
-    with executor._lock:
-        executor._unwritten = 0
+    with executor.books.lock:
+        executor.books.unwritten = 0
 
 
 def test_a_written_outcome_wakes_the_claim_loop(executor):
@@ -1075,7 +1077,7 @@ def test_a_due_run_of_an_unguarded_job_is_running_when_its_claim_returns(executo
     """One transaction claims it and marks it running (no second commit, no hand-over to the
     starter); the body still passes the self-fence and runs once."""
     admitted: list[object] = []
-    monkeypatch.setattr(executor, "_dispatch", admitted.append)
+    monkeypatch.setattr(executor.starter, "_dispatch", admitted.append)
     execution = submit(make_job("at-claim", "noop", concurrency_policy=ConcurrencyPolicy.ALLOW))
     assert executor.claim_once() == 1
     row = JobExecution.objects.get(pk=execution.pk)
@@ -1092,7 +1094,7 @@ def test_a_due_run_of_an_unguarded_job_is_running_when_its_claim_returns(executo
 def test_a_guarded_jobs_run_waits_for_the_starter_to_admit_it(executor, monkeypatch, policy):
     """forbid and buffer_one look at the job lock and other runs first: claimed, not started."""
     admitted = threading.Event()
-    monkeypatch.setattr(executor, "_dispatch", lambda batch: admitted.set())
+    monkeypatch.setattr(executor.starter, "_dispatch", lambda batch: admitted.set())
     execution = submit(make_job(f"guarded-{policy}", "noop", concurrency_policy=policy))
     assert executor.claim_once() == 1
     assert admitted.wait(OUTCOME_TIMEOUT_S)
@@ -1225,7 +1227,7 @@ def test_reconcile_gives_back_a_running_row_whose_body_never_started_here(execut
     now = timezone.now()
     old = now - timedelta(seconds=RECONCILE_AFTER_S + 5)
     prefix = executions.new_claim_prefix()
-    executor._own_prefixes[prefix] = None  # claimed by this process
+    executor.books.own_prefixes[prefix] = None  # claimed by this process
     row = submit(
         job,
         status=S.RUNNING,
@@ -1267,12 +1269,12 @@ def test_reconcile_leaves_the_rows_of_a_claim_in_flight_alone(executor):
         claimed_at=old,
         started_at=old,
     )
-    executor._claims_in_flight.add(prefix)
+    executor.books.claims_in_flight.add(prefix)
     try:
         assert executor.reconcile(now=now) == (0, 0)
         assert not executor.idle()  # a drain waits for the claim to settle
     finally:
-        executor._claims_in_flight.discard(prefix)
+        executor.books.claims_in_flight.discard(prefix)
     row.refresh_from_db()
     assert (row.status, row.claim_token) == (S.RUNNING, f"{prefix}1")
 

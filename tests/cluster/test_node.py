@@ -169,7 +169,7 @@ def test_a_node_that_claims_nothing_for_a_reason_of_its_own_says_why(
         runner.presence_once()
     assert runner.executor.idle_reason == "nothing due"
     assert idle_warnings() == []
-    runner.executor._claimed.update({1, 2})  # two claims tracked: full
+    runner.executor.books.claimed.update({1, 2})  # two claims tracked: full
     for _ in range(12):
         runner.claim_once()
         clock.advance(1.0)
@@ -177,7 +177,7 @@ def test_a_node_that_claims_nothing_for_a_reason_of_its_own_says_why(
     warnings = idle_warnings()
     assert len(warnings) == 2, warnings
     assert "full (capacity 2, load 2, claimed 2" in warnings[0]
-    runner.executor._claimed.clear()
+    runner.executor.books.claimed.clear()
     clock.advance(10.0)  # the presence is no longer confirmed
     for _ in range(7):
         runner.claim_once()

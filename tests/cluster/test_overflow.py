@@ -12,8 +12,9 @@ import time
 import pytest
 
 from cluster.clock import SettableClock
-from cluster.executor import core
-from cluster.executor.core import OVERFLOW_WAIT_S, Executor
+from cluster.executor import ledger, starter
+from cluster.executor.core import Executor
+from cluster.executor.ledger import OVERFLOW_WAIT_S
 from cluster.executor.runs import ActiveRun, Outcome
 from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 S = ExecutionStatus
 CAPACITY = 8
-OVERFLOW = int(CAPACITY * core.OVERFLOW_SHARE)
+OVERFLOW = int(CAPACITY * ledger.OVERFLOW_SHARE)
 
 
 @pytest.fixture
@@ -55,8 +56,8 @@ def start_in_thread(executor: Executor, run: ActiveRun) -> tuple[threading.Threa
 
 def test_the_share_is_eight_runs_for_a_node_of_sixty_four():
     """W1's arithmetic: 3 nodes of 64 hold 216 runs ahead of a whole second, 200 are due."""
-    assert int(64 * core.OVERFLOW_SHARE) == 8
-    assert int(4 * core.OVERFLOW_SHARE) == 0  # a small node never claims beyond its capacity
+    assert int(64 * ledger.OVERFLOW_SHARE) == 8
+    assert int(4 * ledger.OVERFLOW_SHARE) == 0  # a small node never claims beyond its capacity
 
 
 def test_a_node_with_no_body_running_claims_beyond_its_capacity(node):
@@ -87,7 +88,7 @@ def test_no_more_than_capacity_bodies_run_and_the_run_beyond_starts_when_one_end
 def test_a_node_with_a_body_running_claims_no_more_than_its_capacity(node, monkeypatch):
     """A node busy with (maybe long) bodies leaves what it cannot start to nodes with room."""
     executor, runner, clock = node
-    monkeypatch.setattr(core, "PREPARE_AHEAD_S", 0.0)
+    monkeypatch.setattr(starter, "PREPARE_AHEAD_S", 0.0)
     executor.lookahead_s = 30.0
     enqueue(CAPACITY, due_in_s=1.5)  # claimed ahead of their instant: the node is not behind
     assert executor.claim_once() == CAPACITY

@@ -142,6 +142,9 @@ class SlowClock:
         self.t += self.step_s
         return self.t
 
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
 
 def test_acquired_too_slowly_counts_as_not_acquired_and_is_released(clients, name) -> None:
     lock = Redlock(clients, clock=SlowClock(step_s=TTL_MS / 1000))

@@ -15,7 +15,7 @@ import pytest
 from cluster.admission import REASON_FORBID, REASON_MISFIRE_STALE
 from cluster.executor import PREPARE_AHEAD_S
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
-from cluster.node import OVERRUN_S, SLOW_PATH
+from cluster.pace import OVERRUN_S, SLOW_PATH
 from jobs import services
 from jobs.firing import (
     REASON_MISFIRE_BEYOND_BOUND,
@@ -309,7 +309,7 @@ def test_a_leader_that_falls_behind_on_a_slow_path_of_its_own_hands_over(
     sim.advance(1)  # every presence carries its round trip
     runner = sim.nodes[leader].runner
     for _ in range(3):
-        runner._judge_pace(1.4)
+        runner.pace.judge_tick(1.4)
     sim.advance(2)
 
     if not hands_over:
@@ -349,13 +349,13 @@ def test_a_leader_pass_that_overruns_on_a_slow_path_hands_over_mid_pass(
     sim.advance(1)  # every presence carries its round trip
     runner = sim.nodes[leader].runner
     runner.database.fastest_since = lambda since: floor_s
-    runner._pass_began = runner.clock.monotonic() - (OVERRUN_S - 0.2)
+    runner.pace.pass_began = runner.clock.monotonic() - (OVERRUN_S - 0.2)
     runner.watch_database_once()
-    assert not runner._yielding()  # not yet past OVERRUN_S
-    runner._pass_began = runner.clock.monotonic() - (OVERRUN_S + 0.1)
+    assert not runner.pace.yielding()  # not yet past OVERRUN_S
+    runner.pace.pass_began = runner.clock.monotonic() - (OVERRUN_S + 0.1)
     runner.watch_database_once()
-    assert runner._yielding() is hands_over
-    runner._pass_began = None
+    assert runner.pace.yielding() is hands_over
+    runner.pace.pass_began = None
     sim.advance(1)
     if not hands_over:
         assert sim.leader() == leader
@@ -488,7 +488,7 @@ def test_a_body_frozen_past_its_lock_is_declared_lost_before_a_successor_starts(
         job=job, scheduled_for=datetime.fromtimestamp(slot, tz=UTC), status=S.RUNNING
     )
     victim = sim.nodes[frozen.node].runner
-    lock = victim.executor._active[frozen.pk].lock
+    lock = victim.executor.books.active[frozen.pk].lock
     # The worst instant: inside the body, after a presence renewal that came after the job lock
     # was taken and before the lock's first extension. The lock then lapses before the presence:
     # for a moment the lock is free while the node still counts as present.
@@ -497,7 +497,7 @@ def test_a_body_frozen_past_its_lock_is_declared_lost_before_a_successor_starts(
         lambda: victim.membership._confirmed_until - ttl_less_margin > lock.handle.acquired_at,
         limit=0.6,
     )
-    assert lock.handle.extensions == 0 and frozen.pk in victim.executor._active
+    assert lock.handle.extensions == 0 and frozen.pk in victim.executor.books.active
     sim.freeze(frozen.node)
     frozen_at = sim.clock.now()
     sim.advance(frozen_s)

@@ -1,0 +1,129 @@
+"""The starter: takes the claimed runs due within PREPARE_AHEAD_S (and the waiting runs due for
+another look) as one batch and has it admitted, in a thread of its own: at most PREPARE_WORKERS
+batches at once, so one stuck on a cut connection holds up no other."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from django.db import close_old_connections, connection
+
+from cluster.executor.ledger import Ledger
+from cluster.executor.runs import Scheduled
+
+logger = logging.getLogger(__name__)
+
+# A claimed execution is admitted this long before it is due, to take locks and mark it running,
+# so that the task itself starts on the due instant.
+PREPARE_AHEAD_S = 0.25
+# Waiting runs whose next look falls within this window are looked at in one batch (seconds).
+WAIT_COALESCE_S = 0.05
+# The starter's longest sleep when nothing is claimed (it is woken by a claim).
+STARTER_IDLE_S = 0.5
+# Threads admitting batches at once, at most (each holds one database connection while it runs).
+# A thread is started per batch up to this many; beyond, batches queue for the next one free. Not
+# a fixed pool of two: a batch stuck on a connection cut mid-query (up to the database read
+# timeout) must not hold up the batches behind it (a chaos run saw runs 35 s late that way).
+PREPARE_WORKERS = 4
+
+
+class Starter:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        books: Ledger,
+        clock_now: Callable[[], float],
+        admit: Callable[[list[Scheduled]], None],
+        inline: bool,
+    ) -> None:
+        self.node_id = node_id
+        self.books = books
+        self._now = clock_now
+        self._admit = admit
+        # Batches are admitted in the caller rather than a thread of their own (a stepped
+        # executor: everything happens in the test's thread, in order).
+        self.inline = inline
+        self.woken = threading.Event()
+        self._queue: queue.Queue[list[Scheduled]] = queue.Queue()
+        self._preparers = 0  # admission threads running
+
+    def counts(self) -> dict[str, int]:
+        with self.books.lock:
+            return {"admitting": self._preparers, "queued_batches": self._queue.qsize()}
+
+    def wake(self) -> None:
+        """Look now (new work; or the stop event was set and the loop should end)."""
+        self.woken.set()
+
+    def run(self, stop: threading.Event) -> None:
+        """The starter loop: ``step`` until stopped, sleeping until the next batch is due."""
+        while not stop.is_set():
+            delay = self.step()
+            if delay > 0:
+                self.woken.wait(delay)
+                self.woken.clear()
+
+    def step(self) -> float:
+        """Admit the batch due now (in a thread of its own, or here if ``inline``); returns the
+        seconds until the next one is due."""
+        now = self._now()
+        batch, next_at = self.books.due_batch(now, PREPARE_AHEAD_S, WAIT_COALESCE_S)
+        if batch:
+            if self.inline:
+                self._admit(batch)
+            else:
+                self._dispatch(batch)
+        if next_at is None:
+            return STARTER_IDLE_S
+        return max(0.0, next_at - now)
+
+    def _dispatch(self, batch: list[Scheduled]) -> None:
+        """Admit ``batch`` in a thread of its own, or queue it when PREPARE_WORKERS threads are
+        already admitting (the first of them to finish takes it)."""
+        with self.books.lock:
+            spawn = self._preparers < PREPARE_WORKERS
+            if spawn:
+                self._preparers += 1
+            else:
+                self._queue.put(batch)
+        if spawn:
+            self._spawn(batch)
+
+    def _spawn(self, batch: list[Scheduled]) -> None:
+        threading.Thread(
+            target=self._preparer, args=(batch,), name=f"{self.node_id}:prepare", daemon=True
+        ).start()
+
+    def _preparer(self, batch: list[Scheduled] | None) -> None:
+        """Admit ``batch``, then whatever queued meanwhile; end (and close the connection) when
+        nothing is left."""
+        try:
+            while batch is not None:
+                try:
+                    self._admit(batch)
+                except Exception:
+                    logger.exception("admission of a batch failed", extra={"node": self.node_id})
+                    close_old_connections()
+                try:
+                    batch = self._queue.get_nowait()
+                except queue.Empty:
+                    batch = None
+        finally:
+            connection.close()
+            with self.books.lock:
+                self._preparers -= 1
+                # A batch queued between our last look and this line has no thread yet.
+                leftover = None
+                if self._preparers < PREPARE_WORKERS:
+                    try:
+                        leftover = self._queue.get_nowait()
+                    except queue.Empty:
+                        leftover = None
+                    if leftover is not None:
+                        self._preparers += 1
+            if leftover is not None:
+                self._spawn(leftover)
