@@ -71,20 +71,51 @@ KNOBS: dict[str, tuple[Any, Callable[[str], Any], Callable[[Any], str | None]]] 
 DB_STALL_MARGIN_S = 0.25
 
 
+def default(key: str) -> Any:
+    """A knob's default: the one home of every node default (``NodeConfig``, ``ElectionConfig``
+    and ``runnode`` take theirs from here)."""
+    value = KNOBS[key][0]
+    return list(value) if isinstance(value, list) else value
+
+
+def election_problem(lease_ttl_ms: int, renew_deadline_ms: int, retry_period_ms: int) -> str | None:
+    """The election's timing rule (lease > renew deadline > retry period > 0), as client-go
+    insists; None when it holds."""
+    if renew_deadline_ms >= lease_ttl_ms:
+        return "RENEW_DEADLINE_MS must be below LEASE_TTL_MS (a leader gives up before it expires)"
+    if retry_period_ms >= renew_deadline_ms:
+        return "RETRY_PERIOD_MS must be below RENEW_DEADLINE_MS (several tries per deadline)"
+    if retry_period_ms <= 0:
+        return "RETRY_PERIOD_MS must be positive"
+    return None
+
+
 def together(values: Mapping[str, Any]) -> str | None:
     """What is wrong with these knobs as a set (None: they work together)."""
     if values["DEAD_AFTER_S"] <= 2 * values["HEARTBEAT_S"]:
         return "DEAD_AFTER_S must exceed two HEARTBEAT_S (a late heartbeat is not a death)"
-    if values["RENEW_DEADLINE_MS"] >= values["LEASE_TTL_MS"]:
-        return "RENEW_DEADLINE_MS must be below LEASE_TTL_MS (a leader gives up before it expires)"
-    if values["RETRY_PERIOD_MS"] >= values["RENEW_DEADLINE_MS"]:
-        return "RETRY_PERIOD_MS must be below RENEW_DEADLINE_MS (several tries per deadline)"
+    problem = election_problem(
+        values["LEASE_TTL_MS"], values["RENEW_DEADLINE_MS"], values["RETRY_PERIOD_MS"]
+    )
+    if problem:
+        return problem
     if values["DB_CONTROL_LIMIT_S"] + DB_STALL_MARGIN_S >= values["RENEW_DEADLINE_MS"] / 1000:
         return (
             f"DB_CONTROL_LIMIT_S + {DB_STALL_MARGIN_S:g} s must be below RENEW_DEADLINE_MS (a "
             "leader cut off from its database must notice before its renew deadline)"
         )
     return None
+
+
+def values_problem(values: Mapping[str, Any]) -> str | None:
+    """What is wrong with knob values already parsed (a node's config built in code): each one's
+    own check, then the set's; None when they are right. Knobs not given take their defaults."""
+    full = {key: values.get(key, default(key)) for key in KNOBS}
+    for key, value in values.items():
+        problem = KNOBS[key][2](value)
+        if problem:
+            return f"{key}: {problem}"
+    return together(full)
 
 
 def _knob(key: str, raw: Any, label: str) -> Any:
@@ -142,11 +173,25 @@ def from_mapping(given: Mapping[str, Any], *, where: str = "SCHEDULER") -> dict[
     return _all_knobs(given, lambda key: f"{where}[{key!r}]", where)
 
 
-def knobs() -> dict[str, Any]:
-    """This installation's node knobs: ``settings.SCHEDULER`` (absent: every default), checked."""
-    from django.conf import settings
+_checked: tuple[dict[str, Any], dict[str, Any]] | None = None
 
-    return from_mapping(getattr(settings, "SCHEDULER", {}))
+
+def knobs() -> dict[str, Any]:
+    """This installation's node knobs: ``settings.SCHEDULER`` (absent: every default), checked
+    once per value of it (a dashboard request reads them; the check reads the CPUs allowed)."""
+    from django.conf import settings  # this module loads inside the settings module itself
+
+    global _checked
+    raw = getattr(settings, "SCHEDULER", {})
+    if not isinstance(raw, Mapping):
+        return from_mapping(raw)  # refused, naming the setting
+    given = dict(raw)
+    seen = _checked
+    if seen is not None and seen[0] == given:
+        return dict(seen[1])
+    values = from_mapping(given)
+    _checked = (given, values)
+    return dict(values)
 
 
 def with_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cluster import conf
 from cluster.clock import Clock, SystemClock
 from cluster.coordination.base import CoordinationBackend, Lease
 
@@ -64,9 +65,9 @@ class ElectionConfig:
     covers the rest).
     """
 
-    lease_ttl_ms: int = 2000
-    renew_deadline_ms: int = 1500
-    retry_period_ms: int = 250
+    lease_ttl_ms: int = conf.default("LEASE_TTL_MS")
+    renew_deadline_ms: int = conf.default("RENEW_DEADLINE_MS")
+    retry_period_ms: int = conf.default("RETRY_PERIOD_MS")
     # Each wait is stretched by a random 0..jitter_factor of itself, so followers do not stampede.
     jitter_factor: float = 0.2
 
@@ -75,7 +76,7 @@ class ElectionConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(ERR_TIMING_TYPE.format(field=field, value=value))
-        if not self.lease_ttl_ms > self.renew_deadline_ms > self.retry_period_ms > 0:
+        if conf.election_problem(self.lease_ttl_ms, self.renew_deadline_ms, self.retry_period_ms):
             raise ValueError(
                 ERR_TIMING_ORDER.format(
                     lease_ttl_ms=self.lease_ttl_ms,

@@ -43,7 +43,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from cluster import announce, node_metrics, reaper, scheduler, selectors, services
+from cluster import announce, conf, node_metrics, reaper, scheduler, selectors, services
 from cluster.clock import Clock, ReferenceClock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.dbhealth import UNREACHABLE, DatabaseHealth, Reachability, is_connection_error
@@ -62,14 +62,15 @@ logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 LEASE_NAME = "scheduler-leader"
-HEARTBEAT_INTERVAL_S = 0.5
+# The node's knobs' defaults live in cluster.conf (the one home of each, checked there).
+HEARTBEAT_INTERVAL_S: float = conf.default("HEARTBEAT_S")
 # The presence TTL: a node that has not renewed its presence for this long is dead to the cluster
 # (its work is reaped), and a node that cannot show a renewal this recent starts nothing.
-DEAD_AFTER_S = 2.0
-LOOKAHEAD_S = 1.0
+DEAD_AFTER_S: float = conf.default("DEAD_AFTER_S")
+LOOKAHEAD_S: float = conf.default("LOOKAHEAD_S")
 # The server-side limit of one statement on a node's control path (seconds; SCHEDULER_DB_CONTROL_
 # LIMIT_S): the leader's calls answer within it or count as the database unreachable past it.
-DB_CONTROL_LIMIT_S = 1.0
+DB_CONTROL_LIMIT_S: float = conf.default("DB_CONTROL_LIMIT_S")
 # How far ahead nodes claim (at most the leader's look-ahead). Less than a second: the claims of
 # a whole-second schedule's next fires come a quarter second after the instant its current fires
 # start, not at that instant, when the node is starting its bodies and the database is busiest
@@ -96,7 +97,7 @@ RECONCILE_INTERVAL_S = 2.0
 # A node that has claimed nothing for this long because it is full or cannot confirm its
 # membership says so in its log, and again every this often while it lasts (seconds).
 CLAIM_IDLE_LOG_S = 5.0
-DEFAULT_GRACE_S = 30.0
+DEFAULT_GRACE_S: float = conf.default("DRAIN_GRACE_S")
 STOP_MARK_ATTEMPTS = 5
 STOP_MARK_BACKOFF_S = 0.5
 LOOP_ERROR_BACKOFF_S = 0.5
@@ -171,8 +172,8 @@ def connection_budget_problem(
 @dataclass
 class NodeConfig:
     node_id: str
-    queues: list[str] = field(default_factory=lambda: ["default"])
-    capacity: int = 8
+    queues: list[str] = field(default_factory=lambda: conf.default("QUEUES"))
+    capacity: int = conf.default("CAPACITY")
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     dead_after_s: float = DEAD_AFTER_S
     lookahead_s: float = LOOKAHEAD_S
@@ -184,18 +185,22 @@ class NodeConfig:
     db_control_limit_s: float = DB_CONTROL_LIMIT_S
 
     def __post_init__(self) -> None:
-        if self.capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        if not self.queues:
-            raise ValueError("a node must serve at least one queue")
-        if self.dead_after_s <= 2 * self.heartbeat_interval_s:
-            raise ValueError("dead_after_s must exceed two heartbeat intervals")
-        if self.heartbeat_interval_s <= 0:
-            raise ValueError("heartbeat_interval_s must be positive")
-        if self.lookahead_s < 0:
-            raise ValueError("lookahead_s must not be negative")
-        if self.db_control_limit_s <= 0:
-            raise ValueError("db_control_limit_s must be positive")
+        problem = conf.values_problem(
+            {
+                "CAPACITY": self.capacity,
+                "QUEUES": self.queues,
+                "HEARTBEAT_S": self.heartbeat_interval_s,
+                "DEAD_AFTER_S": self.dead_after_s,
+                "LOOKAHEAD_S": self.lookahead_s,
+                "DRAIN_GRACE_S": self.grace_s,
+                "DB_CONTROL_LIMIT_S": self.db_control_limit_s,
+                "LEASE_TTL_MS": self.election.lease_ttl_ms,
+                "RENEW_DEADLINE_MS": self.election.renew_deadline_ms,
+                "RETRY_PERIOD_MS": self.election.retry_period_ms,
+            }
+        )
+        if problem:
+            raise ValueError(problem)
 
 
 def _loop(

@@ -13,18 +13,34 @@ import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from cluster import conf as scheduler_settings
 from jobs.api import settings as api_settings
+from jobs.conf import DEFAULTS as APP_DEFAULTS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SCHEDULER_VAR_DIR", BASE_DIR / "var"))
 
 
-def env_bool(name: str, default: bool) -> bool:
+# A setting the apps read takes its default from jobs.conf (the one home of each: a project of its
+# own gets the same); the environment overrides it here. A default given below differs on purpose.
+_APP = object()
+
+
+def _default(name: str, default: object) -> Any:
+    return APP_DEFAULTS[name] if default is _APP else default
+
+
+def env_str(name: str, default: object = _APP) -> str:
+    return os.environ.get(name, _default(name, default))
+
+
+def env_bool(name: str, default: object = _APP) -> bool:
+    default = _default(name, default)
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -40,7 +56,8 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: object = _APP) -> int:
+    default = _default(name, default)
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -205,7 +222,7 @@ if SCHEDULER_COORDINATION == "redis" and not REDIS_URL:
     raise ImproperlyConfigured("SCHEDULER_COORDINATION=redis needs REDIS_URL")
 # Prefix of every Redis key this installation writes, so several installations (or test runs) can
 # share one Redis server.
-SCHEDULER_REDIS_PREFIX = os.environ.get("SCHEDULER_REDIS_PREFIX", "djsched")
+SCHEDULER_REDIS_PREFIX = env_str("SCHEDULER_REDIS_PREFIX")
 # A node's knobs (capacity, queues, heartbeat, presence TTL, lease timing, drain grace, metrics
 # port): defaults, SCHEDULER_<KEY> variables, checked together; runnode's flags override them.
 SCHEDULER = scheduler_settings.load()
@@ -227,9 +244,9 @@ SCHEDULER_EXAMPLE_JOBS = env_bool("SCHEDULER_EXAMPLE_JOBS", True)
 
 # --- Failure notifications (jobs/notifications.py) ------------------------------------------------
 # The dashboard's address, for the links in notifications (e.g. https://scheduler.example.com).
-SCHEDULER_BASE_URL = os.environ.get("SCHEDULER_BASE_URL", "")
+SCHEDULER_BASE_URL = env_str("SCHEDULER_BASE_URL")
 # When set, webhooks carry X-Scheduler-Signature: sha256=<HMAC-SHA256 of the body with it>.
-SCHEDULER_WEBHOOK_SECRET = os.environ.get("SCHEDULER_WEBHOOK_SECRET", "")
+SCHEDULER_WEBHOOK_SECRET = env_str("SCHEDULER_WEBHOOK_SECRET")
 # E-mail goes through Django's mail backend: SMTP at EMAIL_HOST:EMAIL_PORT when EMAIL_HOST is set,
 # otherwise written to the node's log (the console backend).
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "")
@@ -247,7 +264,7 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "scheduler@localhost")
 SCHEDULER_HTTP_ALLOWED_HOSTS = env_list("SCHEDULER_HTTP_ALLOWED_HOSTS")
 # Where a node looks for a secret a task's arguments reference ({"$secret": "NAME"}) when the
 # variable SCHEDULER_SECRET_NAME is not set: the file <dir>/NAME (see jobs/secrets.py).
-SCHEDULER_SECRETS_DIR = os.environ.get("SCHEDULER_SECRETS_DIR", "")
+SCHEDULER_SECRETS_DIR = env_str("SCHEDULER_SECRETS_DIR")
 # /metrics is served only when this is set, to scrapes sending "Authorization: Bearer <token>".
 SCHEDULER_METRICS_TOKEN = os.environ.get("SCHEDULER_METRICS_TOKEN", "")
 # Finished runs are counted for /metrics at most once per this many seconds in each web process
@@ -257,24 +274,24 @@ if SCHEDULER_METRICS_HISTORY_TTL_S < 0:
     raise ImproperlyConfigured(
         f"SCHEDULER_METRICS_HISTORY_TTL_S must be 0 or more, got {SCHEDULER_METRICS_HISTORY_TTL_S}"
     )
-SCHEDULER_HTTP_MAX_TIMEOUT_S = env_int("SCHEDULER_HTTP_MAX_TIMEOUT_S", 30)
+SCHEDULER_HTTP_MAX_TIMEOUT_S = env_int("SCHEDULER_HTTP_MAX_TIMEOUT_S")
 # Management commands the management_command task may run (empty = none).
 SCHEDULER_ALLOWED_COMMANDS = env_list("SCHEDULER_ALLOWED_COMMANDS")
 # Largest JSON request body the API accepts, and largest args/kwargs a job may carry.
-SCHEDULER_MAX_REQUEST_BYTES = env_int("SCHEDULER_MAX_REQUEST_BYTES", 256 * 1024)
-SCHEDULER_MAX_ARGS_BYTES = env_int("SCHEDULER_MAX_ARGS_BYTES", 64 * 1024)
+SCHEDULER_MAX_REQUEST_BYTES = env_int("SCHEDULER_MAX_REQUEST_BYTES")
+SCHEDULER_MAX_ARGS_BYTES = env_int("SCHEDULER_MAX_ARGS_BYTES")
 # How deep a job's (or a run's) args/kwargs may nest lists and objects (args itself is level 1); a
 # JSON body may nest a few levels more (the job or run around them). Far below Python's recursion
 # limit: deeper input was a RecursionError (a 500) in the checks that walk it. At most 30: MariaDB
 # refuses to store JSON nested 32 levels deep (its JSON_VALID check), and the row adds a level.
-SCHEDULER_MAX_ARGS_DEPTH = env_int("SCHEDULER_MAX_ARGS_DEPTH", 16)
+SCHEDULER_MAX_ARGS_DEPTH = env_int("SCHEDULER_MAX_ARGS_DEPTH")
 if not 1 <= SCHEDULER_MAX_ARGS_DEPTH <= 30:
     raise ImproperlyConfigured(
         f"SCHEDULER_MAX_ARGS_DEPTH must be between 1 and 30, got {SCHEDULER_MAX_ARGS_DEPTH}"
     )
 # API keys expire this many days after they are issued unless issued with another lifetime (0:
 # never). Only their SHA-256 digest is stored.
-SCHEDULER_TOKEN_TTL_DAYS = env_int("SCHEDULER_TOKEN_TTL_DAYS", 90)
+SCHEDULER_TOKEN_TTL_DAYS = env_int("SCHEDULER_TOKEN_TTL_DAYS")
 DATA_UPLOAD_MAX_MEMORY_SIZE = SCHEDULER_MAX_REQUEST_BYTES
 
 # --- Auth, API ------------------------------------------------------------------------------------
@@ -370,16 +387,17 @@ LOGGING = {
 # (the fence row among them) until it resumes. The server kills a node's connection after this many
 # idle seconds inside a transaction, rolling it back (see cluster.apps); runnode refuses a value not
 # below the renew deadline, so nothing frozen holds the cluster longer than a lease. 0 disables it.
-SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S", 1)
+SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S = env_int("SCHEDULER_IDLE_TRANSACTION_TIMEOUT_S")
 # Connections kept free for the web processes, the dashboard and operators' tools when runnode checks
 # that nodes x their connection budget fit the server's max_connections (MariaDB).
-SCHEDULER_WEB_DB_CONNECTIONS = env_int("SCHEDULER_WEB_DB_CONNECTIONS", 20)
+SCHEDULER_WEB_DB_CONNECTIONS = env_int("SCHEDULER_WEB_DB_CONNECTIONS")
 
 # --- Live dashboard (dashboard.live, docs/live-protocol.md) ---------------------------------------
 # Read by dashboard.live when the first dashboard connects (tests override them with settings).
 
 
-def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+def env_float(name: str, default: object = _APP, *, minimum: float = 0.0) -> float:
+    default = _default(name, default)
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -394,14 +412,14 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
 
 # Seconds between two database polls of a web process while at least one dashboard is connected
 # (the shortest gap between two polls when the doorbell below rings).
-SCHEDULER_LIVE_POLL_S = env_float("SCHEDULER_LIVE_POLL_S", 0.05)
+SCHEDULER_LIVE_POLL_S = env_float("SCHEDULER_LIVE_POLL_S")
 # With Redis coordination, a poll runs when the doorbell rings (a process committed a change) and,
 # as a fallback, at least this often.
-SCHEDULER_LIVE_IDLE_POLL_S = env_float("SCHEDULER_LIVE_IDLE_POLL_S", 1.0)
+SCHEDULER_LIVE_IDLE_POLL_S = env_float("SCHEDULER_LIVE_IDLE_POLL_S")
 if SCHEDULER_LIVE_IDLE_POLL_S < SCHEDULER_LIVE_POLL_S:
     raise ImproperlyConfigured("SCHEDULER_LIVE_IDLE_POLL_S must not be below SCHEDULER_LIVE_POLL_S")
 # Seconds between re-checks that connected users are still logged in, active and hold a role.
-SCHEDULER_LIVE_RECHECK_S = env_float("SCHEDULER_LIVE_RECHECK_S", 2.0)
+SCHEDULER_LIVE_RECHECK_S = env_float("SCHEDULER_LIVE_RECHECK_S")
 # Seconds a poll looks back for rows committed after newer ones (slow commits, writer clock skew).
-SCHEDULER_LIVE_LOOKBACK_S = env_float("SCHEDULER_LIVE_LOOKBACK_S", 5.0)
+SCHEDULER_LIVE_LOOKBACK_S = env_float("SCHEDULER_LIVE_LOOKBACK_S")
 # --- end of live dashboard settings -----------------------------------------------------------------
