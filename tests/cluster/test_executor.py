@@ -46,6 +46,7 @@ from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
 from jobs.states import TERMINAL_STATES, ExecutionStatus
 from tests.cluster.harness import running_executor, wait_for
+from tests.cluster.stepped import stepped_executor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -338,37 +339,26 @@ def test_a_run_whose_membership_lapsed_before_its_instant_is_handed_back(tmp_pat
         stop.set()
 
 
-def test_a_lapse_found_at_renewal_voids_earlier_claims(tmp_path):
+def test_a_lapse_found_at_renewal_voids_earlier_claims():
     """The presence expired while the node was away and a renewal brings it back: what was claimed
     before may have been taken by the cluster, so it is given up even though the membership is
-    confirmed again."""
-    runner, membership, stop = lapsing_executor(ttl_s=0.5)
-    try:
-        path = tmp_path / "r"
-        job = make_job("voided", "test.record", kwargs={"path": str(path)})
-        due = timezone.now() + timedelta(seconds=0.9)
-        execution = submit(job, scheduled_for=due, run_after=due)
-        assert runner.claim_once() == 1
-        # The presence expires before anyone renews it: made so at once rather than by sleeping
-        # past its TTL, which a slow claim could carry beyond the run's admission (0.25 s before
-        # its instant), and the test would check another path (the fence at the instant).
-        runner.backend.store.nodes["fenced-node"] = (0, {})
-        assert membership.renew({}) is False  # the lapse is seen: the epoch moves on
-        assert membership.confirmed()
+    confirmed again; nothing of it starts at its instant. Stepped on a settable clock."""
+    executor, runner, clock, backend = stepped_executor("voiding-node", capacity=4)
+    job = make_job("voided", "noop")
+    due = timezone.now() + timedelta(seconds=0.9)
+    execution = submit(job, scheduled_for=due, run_after=due)
+    assert executor.claim_once() == 1
+    backend.store.nodes["voiding-node"] = (0, {})  # the presence expired meanwhile
+    assert executor.membership.renew({}) is False  # the lapse is seen: the epoch moves on
+    assert executor.membership.confirmed()
 
-        def state() -> tuple[str, str | None]:
-            row = JobExecution.objects.get(pk=execution.pk)
-            return row.status, row.claim_token
-
-        # Given back when its admission finds the claim older than the lapse (the bookkeeping is
-        # dropped just before that write: wait for the row, not for the load).
-        wait_for(lambda: state() == (S.PENDING, None), OUTCOME_TIMEOUT_S)
-        wait_for(lambda: runner.load == 0, OUTCOME_TIMEOUT_S)
-        time.sleep(max(0.0, (due - timezone.now()).total_seconds()) + 0.3)
-        assert state() == (S.PENDING, None)
-        assert recorded_ids(path) == []
-    finally:
-        stop.set()
+    clock.advance(0.9)  # its instant: admitted, its body asks the self-fence (the test plays it)
+    executor.starter_step()
+    (run,) = runner.runs
+    assert not executor.may_start(run)  # claimed under the old epoch: given up, not started
+    row = JobExecution.objects.get(pk=execution.pk)
+    assert (row.status, row.claim_token, row.started_at) == (S.PENDING, None, None)
+    assert executor.load == 0 and executor.body_ids() == []
 
 
 # --- timeouts ----------------------------------------------------------------------------------------
@@ -532,18 +522,18 @@ def test_a_cancel_request_kills_a_process_isolated_run(executor, tmp_path, monke
         os.kill(pid, 0)
 
 
-def test_apply_cancel_requests_ignores_runs_nobody_asked_to_cancel(executor, tmp_path):
-    job = make_job(
-        "keep-me",
-        "test.record_and_sleep",
-        kwargs={"path": str(tmp_path / "r"), "seconds": LONG_TASK_S},
-    )
-    execution = submit(job)
+def test_apply_cancel_requests_ignores_runs_nobody_asked_to_cancel():
+    """A running run nobody asked to cancel is not signalled, and the supervisor does not end it.
+    Stepped: its body never starts (the test plays it), so nothing but a wrong signal could end it."""
+    executor, runner, clock, _ = stepped_executor("keep-node", capacity=4)
+    execution = submit(make_job("keep-me", "noop", timeout_seconds=None))
     assert executor.claim_once() == 1
-    wait_until_running(executor, execution)
-
+    executor.starter_step()
+    (run,) = runner.runs
     assert executor.apply_cancel_requests() == 0
-    time.sleep(0.2)  # give a wrongly signalled run the time to stop
+    clock.advance(60)
+    assert executor.supervise_once() == 0
+    assert not run.cancel_event.is_set() and not run.completed
     assert JobExecution.objects.get(pk=execution.pk).status == S.RUNNING
 
 
@@ -605,45 +595,6 @@ def test_a_run_while_another_of_the_job_is_running(
     assert other.status == other_status
     if other_status == S.LOST:
         assert other.reason == REASON_BLOCKER_GONE.format(node="other-node")
-
-
-def test_a_late_run_holding_the_lock_is_waited_for_not_an_older_row_still_marked_running(
-    executor, tmp_path
-):
-    """Two rows of a forbid job say running: an old one whose body ended long ago (its node froze
-    before writing the outcome) and a late catch-up run that took the job lock after this run was
-    due. The lock holder is the late run: this run waits for it and starts once it is done; it is
-    not skipped as if the old row's body still ran (a chaos run found that skip)."""
-    path = tmp_path / "r"
-    job = make_job(
-        "late-holder",
-        "test.record",
-        kwargs={"path": str(path)},
-        concurrency_policy=ConcurrencyPolicy.FORBID,
-    )
-    executor.backend.heartbeat("other-node", PRESENCE_TTL_MS, {})
-    held = executor.backend.acquire_lock(f"job:{job.pk}", PRESENCE_TTL_MS)
-    now = timezone.now()
-    for scheduled, started, token in ((60, 60, "old"), (5, 0.5, "late")):
-        JobExecution.objects.create(
-            job=job,
-            scheduled_for=now - timedelta(seconds=scheduled),
-            run_after=now - timedelta(seconds=scheduled),
-            status=S.RUNNING,
-            started_at=now - timedelta(seconds=started),
-            node="other-node",
-            claim_token=token,
-        )
-    due = now - timedelta(seconds=1)
-    execution = submit(job, scheduled_for=due, run_after=due)
-
-    assert executor.claim_once() == 1
-    time.sleep(1.0)  # four times the forbid settle time: a skip would have been decided
-    assert JobExecution.objects.get(pk=execution.pk).status == S.PENDING
-    executor.backend.release_lock(held)  # the late run's body ended
-    done = wait_for_status(execution, TERMINAL_STATES)
-    assert (done.status, done.reason) == (S.SUCCEEDED, "")
-    assert recorded_ids(path) == [execution.pk]
 
 
 def test_a_line_logged_by_a_task_carries_node_term_job_and_execution(executor):

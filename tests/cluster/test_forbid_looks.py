@@ -84,3 +84,39 @@ def test_the_same_blocker_at_two_looks_is_skipped_behind():
     executor.starter_step()
     row = JobExecution.objects.get(pk=late.pk)
     assert (row.status, row.reason) == (S.SKIPPED, REASON_FORBID)
+
+
+def test_a_late_run_holding_the_lock_is_waited_for_not_an_older_row_still_marked_running():
+    """Two rows of a forbid job say running: an old one whose body ended long ago (its node froze
+    before writing the outcome) and a late catch-up run that took the job lock after this run was
+    due. The lock holder is the late run: this run waits for it, look after look well past the
+    forbid settle time, and starts once it is done; it is not skipped as if the old row's body
+    still ran (a chaos run found that skip)."""
+    executor, runner, clock, backend = stepped_executor("late-holder", capacity=8)
+    job = services.job_create(
+        data={
+            "name": "late-holder",
+            "task": "noop",
+            "schedule_type": "interval",
+            "interval_seconds": 86_400,
+            "enabled": False,
+            "concurrency_policy": ConcurrencyPolicy.FORBID,
+        },
+        by=services.SYSTEM,
+    )
+    backend.heartbeat("other-node", TTL_MS, {})
+    held = backend.acquire_lock(f"job:{job.pk}", TTL_MS)
+    running_row(job, slot_ago_s=60, started_ago_s=60, token="old")
+    running_row(job, slot_ago_s=5, started_ago_s=0.5, token="late")
+    late = services.job_trigger(job_id=job.pk, by=services.SYSTEM)
+    JobExecution.objects.filter(pk=late.pk).update(run_after=timezone.now() - timedelta(seconds=1))
+    assert executor.claim_once() == 1
+    for _ in range(10):  # a second of looks: four times the forbid settle time
+        executor.starter_step()
+        clock.advance(WAIT_POLL_S)
+    assert JobExecution.objects.get(pk=late.pk).status == S.PENDING
+    assert runner.runs == []
+    backend.release_lock(held)  # the late run's body ended
+    executor.starter_step()
+    assert [run.execution.pk for run in runner.runs] == [late.pk]
+    assert JobExecution.objects.get(pk=late.pk).status == S.RUNNING
