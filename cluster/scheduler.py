@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from cluster import tracing
 from cluster.fencing import fenced_transaction
-from jobs import bulk, executions, firing
+from jobs import executions, firing, services
 from jobs.models import (
     ConcurrencyPolicy,
     Job,
@@ -152,12 +152,7 @@ def scheduler_tick(
                     result=result,
                 )
             created = executions.create_fires(rows)
-            for job in jobs:
-                job.updated_at = now  # "the row changed": the dashboard streams next/last fire
-            columns = ("next_fire_at", "last_fire_at", "updated_at")
-            bulk.update(
-                Job, [(job.pk, {c: getattr(job, c) for c in columns}) for job in jobs], columns
-            )
+            services.jobs_advance(jobs=jobs, now=now)
             replace_ids = [j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.REPLACE]
             if replace_ids:
                 executions.request_cancel_jobs(replace_ids, reason=REASON_REPLACED)

@@ -29,6 +29,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from jobs import executions
 from jobs.models import JobExecution, Notification, NotificationStatus
 from jobs.states import TERMINAL_STATES
 
@@ -129,12 +130,7 @@ def purge_finished_runs(
         removed = len(ids)
         if ids and not dry_run:
             with transaction.atomic():
-                # Checked again in the statement: only a terminal run finished before the cutoff
-                # is ever deleted, whatever happened since it was read.
-                _, by_model = JobExecution.objects.filter(
-                    pk__in=ids, status__in=TERMINAL_STATES, finished_at__lt=cutoff
-                ).delete()
-            removed = by_model.get(JobExecution._meta.label, 0)
+                removed = executions.purge_finished(ids, finished_before=cutoff)
         result.deleted += removed
         if dry_run or removed < len(rows):
             # Rows left in the range (kept, or only counted): go on past them, or the next batch

@@ -137,6 +137,16 @@ def job_first_fire(
     )
 
 
+def jobs_advance(*, jobs: list[Job], now: datetime) -> None:
+    """The leader's tick, inside its fenced transaction: each job's ``next_fire_at`` and
+    ``last_fire_at`` as its plan left them (``jobs.firing``), in one statement, its ``updated_at``
+    moved (the dashboard streams the fire times by it). Not audited: the schedule's own doing."""
+    for job in jobs:
+        job.updated_at = now
+    columns = ("next_fire_at", "last_fire_at", "updated_at")
+    bulk.update(Job, [(job.pk, {c: getattr(job, c) for c in columns}) for job in jobs], columns)
+
+
 def _check_name_free(name: str, *, exclude_pk: int | None = None) -> None:
     """Names are unique ignoring case on every database (MariaDB's collation already compares
     case-insensitively; SQLite's does not), so "Report" and "report" never coexist."""

@@ -19,7 +19,7 @@ from django.utils.timezone import now as timezone_now
 from jobs import bulk, events
 from jobs.models import MAX_OUTPUT_CHARS, Job, JobExecution, ScheduleType, Trigger
 from jobs.schedules import spread_offset
-from jobs.states import RETRYABLE_STATES, ExecutionStatus, check_transition
+from jobs.states import RETRYABLE_STATES, TERMINAL_STATES, ExecutionStatus, check_transition
 
 logger = logging.getLogger(__name__)
 
@@ -666,3 +666,13 @@ def request_cancel_jobs(job_ids: list[int], *, reason: str) -> int:
     return JobExecution.objects.filter(
         job_id__in=job_ids, status=S.RUNNING, cancel_requested=False
     ).update(cancel_requested=True, reason=reason[:REASON_MAX_CHARS])
+
+
+def purge_finished(ids: list[int], *, finished_before: datetime) -> int:
+    """Delete these runs (retention), checked again in the statement: only a run in a final state
+    that finished before ``finished_before`` is ever deleted, whatever happened since it was read.
+    Returns how many went."""
+    _, by_model = JobExecution.objects.filter(
+        pk__in=ids, status__in=TERMINAL_STATES, finished_at__lt=finished_before
+    ).delete()
+    return by_model.get(JobExecution._meta.label, 0)
