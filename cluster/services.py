@@ -225,7 +225,9 @@ def term_begin(
     or lease lost): their holders could not close them themselves. Call after the fence was raised
     to ``term`` (``cluster.fencing.fence_raise``)."""
     with transaction.atomic():
-        for old in LeadershipTerm.objects.filter(ended_at__isnull=True, term__lt=term):
+        for old in LeadershipTerm.objects.filter(ended_at__isnull=True, term__lt=term).order_by(
+            "term"
+        ):
             if LeadershipTerm.objects.filter(pk=old.pk, ended_at__isnull=True).update(
                 ended_at=now, end_reason=end_reason_of(old.node_id)
             ):
