@@ -11,8 +11,9 @@ a claim held while waiting counts against its node's capacity, and nodes full of
 never claim the older fire they all wait for.
 
 A scheduled fire that has not started when later fires of its job are already due has misfired,
-whatever its grace: its job's misfire policy keeps the newest due fires (one for ``run_once`` and
-``skip``, ``run_all_max`` for ``run_all``) and the older ones are skipped as superseded. A backlog
+whatever its grace and whatever became of those later fires: its job's misfire policy keeps the
+newest due fires (one for ``run_once`` and ``skip``, ``run_all_max`` for ``run_all``) and the older
+ones are skipped as superseded (never run after a newer fire of their job). A backlog
 left by an outage thus collapses as the leader's own misfire policy would have collapsed it, instead
 of running one stale fire after another (a forbid job runs them one at a time and would stay as far
 behind as the outage was long).
@@ -101,8 +102,8 @@ class Facts:
     older_unclaimed: bool = False
     # The blocker this run's previous look found (its execution id; None: none, or no look yet).
     seen_blocker: int | None = None
-    # The job's misfire policy and bound, and how many later fires of the job are already due and
-    # not started: a fire still waiting when the next one falls due has misfired.
+    # The job's misfire policy and bound, and how many later fires of the job are already due
+    # (whatever became of them): a fire still waiting when the next one falls due has misfired.
     misfire_policy: str = "run_once"
     run_all_max: int = 1
     newer_due: int = 0
@@ -139,10 +140,11 @@ def is_stale(facts: Facts) -> bool:
 
 
 def is_superseded(facts: Facts) -> bool:
-    """A scheduled fire with at least as many later fires of its job already due (and not started)
-    as the policy keeps: it missed its turn, and the policy covers it as it covers the slots a late
-    leader finds. Without this, a job whose runs go one at a time (forbid) would run every fire
-    queued during an outage one after the other, each a slot late, and never catch up."""
+    """A scheduled fire with at least as many later fires of its job already due as the policy
+    keeps (waiting, running, done or skipped: the schedule moved on past it): it missed its turn,
+    and the policy covers it as it covers the slots a late leader finds. Without this, a job whose
+    runs go one at a time (forbid) would run every fire queued during an outage one after the
+    other, each a slot late, and never catch up."""
     return facts.scheduled and facts.newer_due >= fires_kept(
         facts.misfire_policy, facts.run_all_max
     )

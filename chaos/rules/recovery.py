@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 
 from chaos import faults
 from chaos.record import (
-    SCHEDULE_TRIGGER,
     CheckConfig,
     Fault,
     History,
@@ -107,11 +106,13 @@ def _holder_at(history: History, instant: float) -> Term | None:
 
 
 def _job_starts(history: History, index: Index) -> dict[int, list[float]]:
-    """Each job's first-attempt scheduled body starts, in time order."""
+    """Each job's body starts, in time order: its fires, and the runs an operator triggered or
+    enqueued (a forbid job busy with those skips its fires, rightly, and is running all the same;
+    a fire that never ran is ``missing_slot``'s business)."""
     starts: dict[int, list[float]] = defaultdict(list)
     for execution_id, effects in index.starts.items():
         row = index.rows.get(execution_id)
-        if row is not None and row.trigger == SCHEDULE_TRIGGER and row.attempt == 1:
+        if row is not None:
             starts[row.job_id].append(effects[0].at)
     for values in starts.values():
         values.sort()

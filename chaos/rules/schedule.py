@@ -11,8 +11,9 @@
 - ``misfire_policy`` at run time: a fire still unstarted when later fires of its job are due has
   misfired too; the policy keeps the newest due fires (one for ``run_once`` and ``skip``,
   ``run_all_max`` for ``run_all``) and the older are skipped as superseded. A superseded skip needs
-  that many later fires due and unstarted when it was decided, and a fire whose body started while
-  that many were due (beyond the moment an admission takes) should have been superseded;
+  that many later fires due when it was decided (whatever became of them), and a fire whose body
+  started while that many were due (beyond the moment an admission takes) should have been
+  superseded;
 - ``schedule_edit``: after an operator changes a job's interval, from the first slot after the
   edit's commit, the job fires exactly the slots of the new interval (none of the old one).
 
@@ -115,19 +116,21 @@ def job_slots(job: JobInfo, start: float, end: float) -> Iterable[float]:
 
 MSG_SUPERSEDED_EARLY = (
     "job {job_id} ({policy}): slot {slot} skipped as superseded at {at} with {due} later fires "
-    "due and unstarted (the policy keeps {kept})"
+    "due (the policy keeps {kept})"
 )
 MSG_RAN_SUPERSEDED = (
-    "job {job_id} ({policy}): slot {slot} started at {at} with {due} later fires already due and "
-    "unstarted (the policy keeps {kept}): it should have been skipped as superseded"
+    "job {job_id} ({policy}): slot {slot} started (marked running) at {at} with {due} later fires "
+    "already due "
+    "(the policy keeps {kept}): it should have been skipped as superseded"
 )
 SUPERSEDED_PREFIX = "misfire: superseded"
 # An admission reads a job's later due fires, then takes its locks and looks at its blockers
 # before the fires it keeps start: a later fire falling due within this much of a start is one the
 # decision could not see (seconds).
 SUPERSEDE_TOLERANCE_S = 1.0
-# A node whose own links were cut or slowed this long before a start may have admitted it on facts
-# read before the fault (a statement held by the partition, answered at the heal): not judged.
+# A node whose own links were cut or slowed, or whose process was frozen, this long before a run
+# was marked running may have admitted it on facts read before (a statement held by the
+# partition, answered at the heal; a process stopped mid-admission): not judged.
 LINK_FAULT_LOOKBACK_S = 30.0
 
 
@@ -152,8 +155,13 @@ def _misfire_skip(row: Execution) -> bool:
 def _tick_skip(row: Execution) -> bool:
     """Written skipped by the tick for its misfire policy. A run not started within its grace is
     skipped later, at run time (its ``finished_at`` then trails its creation): the tick wrote it
-    to run."""
-    return _misfire_skip(row) and (row.finished_at or row.created_at) - row.created_at <= TICK_S
+    to run. So did it a fire superseded at run time, however soon after the tick (a catch-up fire
+    whose next slot fell due a moment later)."""
+    return (
+        _misfire_skip(row)
+        and not _superseded_skip(row)
+        and (row.finished_at or row.created_at) - row.created_at <= TICK_S
+    )
 
 
 def _ticks(rows: list[Execution]) -> list[list[Execution]]:
@@ -237,18 +245,9 @@ def misfires(history: History, config: CheckConfig) -> list[Violation]:
     return found
 
 
-def _unstarted_at(row: Execution, index: Index, instant: float) -> bool:
-    """Whether ``row`` had not started (by its row or its body) before ``instant``."""
-    body = index.interval(row.id)
-    started = min(
-        (t for t in (row.started_at, body[0] if body else None) if t is not None), default=None
-    )
-    return started is None or started >= instant
-
-
 def superseded(history: History, index: Index, config: CheckConfig) -> list[Violation]:
-    """Run-time misfires: each superseded skip had as many later fires of its job due and unstarted
-    as the policy keeps when it was decided; no fire started while that many were due (beyond
+    """Run-time misfires: each superseded skip had as many later fires of its job due as the
+    policy keeps when it was decided; no fire started while that many were due (beyond
     SUPERSEDE_TOLERANCE_S)."""
     jobs = {job.id: job for job in history.jobs}
     fires: dict[int, list[Execution]] = defaultdict(list)
@@ -262,19 +261,16 @@ def superseded(history: History, index: Index, config: CheckConfig) -> list[Viol
         kept = fires_kept(job)
         rows.sort(key=lambda r: r.scheduled_for)
 
-        def due_later(
-            row: Execution, due_by: float, unstarted_at: float, rows: list[Execution] = rows
-        ) -> int:
-            """Later fires of the job written and due by ``due_by``, not started by
-            ``unstarted_at``."""
+        def due_later(row: Execution, due_by: float, rows: list[Execution] = rows) -> int:
+            """Later fires of the job written and due by ``due_by``, whatever became of them. A
+            fire is due at its slot (the chaos jobs have no spread), whatever its run_after
+            became: a fire handed back to wait for a lock service is due all the same."""
             return sum(
                 1
                 for later in rows
                 if later.scheduled_for > row.scheduled_for
-                and (later.run_after if later.run_after is not None else later.scheduled_for)
-                <= due_by
+                and later.scheduled_for <= due_by
                 and later.created_at <= due_by
-                and _unstarted_at(later, index, unstarted_at)
             )
 
         for row in rows:
@@ -282,7 +278,7 @@ def superseded(history: History, index: Index, config: CheckConfig) -> list[Viol
                 at = row.finished_at
                 if clock_off(history, row.node, at - 10.0, at + 10.0):
                     continue
-                due = due_later(row, at + tol, at - tol)
+                due = due_later(row, at + tol)
                 if due < kept:
                     found.append(
                         Violation(
@@ -303,13 +299,20 @@ def superseded(history: History, index: Index, config: CheckConfig) -> list[Viol
             if not starts:
                 continue
             start = starts[0]
-            instant = start.at - SUPERSEDE_TOLERANCE_S
-            if clock_off(history, start.node, instant - 10.0, start.at) or any(
-                who == start.node and a <= start.at and b >= start.at - LINK_FAULT_LOOKBACK_S
-                for who, a, b in index.cut_off
+            # Judged at the instant the run was marked running (its admission: the decision),
+            # not at its body's first step, which a freeze of the process may hold back.
+            marked = row.started_at if row.started_at is not None else start.at
+            instant = marked - SUPERSEDE_TOLERANCE_S
+            if (
+                clock_off(history, start.node, instant - 10.0, marked)
+                or index.frozen(start.pid, marked - LINK_FAULT_LOOKBACK_S, marked)
+                or any(
+                    who == start.node and a <= marked and b >= marked - LINK_FAULT_LOOKBACK_S
+                    for who, a, b in index.cut_off
+                )
             ):
                 continue
-            due = due_later(row, instant, start.at)
+            due = due_later(row, instant)
             if due >= kept:
                 found.append(
                     Violation(
@@ -318,7 +321,7 @@ def superseded(history: History, index: Index, config: CheckConfig) -> list[Viol
                             job_id=job_id,
                             policy=job.misfire_policy,
                             slot=when(row.scheduled_for),
-                            at=when(start.at),
+                            at=when(marked),
                             due=due,
                             kept=kept,
                         ),

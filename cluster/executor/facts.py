@@ -81,28 +81,37 @@ def may_be_overtaken(execution: JobExecution, *, now: datetime) -> bool:
 
 def newer_due(items: list[Scheduled], *, now: datetime) -> dict[int, int]:
     """Per fire of ``items`` late enough to have been overtaken: how many later fires of its job
-    are due and not started. One query, and none at all while every fire is on time (the usual
-    case: fires are admitted just ahead of their instant)."""
+    are due (their slot plus the job's spread has passed), whatever became of them: waiting (a
+    fire handed back to wait for a lock service is due all the same), running or done already
+    (the job moved on without this one), or skipped. One query, bounded by how late the late
+    fires are, and none at all while every fire is on time (the usual case: fires are admitted
+    just ahead of their instant)."""
     late = [i.execution for i in items if may_be_overtaken(i.execution, now=now)]
     if not late:
         return {}
-    pending = list(
+    later_fires = list(
         JobExecution.objects.filter(
             job_id__in={e.job_id for e in late},
-            status=S.PENDING,
             trigger=Trigger.SCHEDULE,
             attempt=1,
-            run_after__lte=now,
+            scheduled_for__gt=min(e.scheduled_for for e in late),
+            scheduled_for__lte=now,  # the spread only adds to it
         )
         .order_by()
         .values_list("job_id", "scheduled_for")
     )
     counts: dict[int, int] = {}
     for execution in late:
+        job = execution.job
+        spread = timedelta(
+            seconds=spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
+        )
         later = sum(
             1
-            for job_id, scheduled_for in pending
-            if job_id == execution.job_id and scheduled_for > execution.scheduled_for
+            for job_id, scheduled_for in later_fires
+            if job_id == execution.job_id
+            and scheduled_for > execution.scheduled_for
+            and scheduled_for + spread <= now
         )
         if later:
             counts[execution.pk] = later

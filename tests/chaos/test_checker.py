@@ -697,6 +697,77 @@ def backlog_run_one_after_the_other(h: History) -> None:
     _backlog(h, "run_once", skipped=(), ran=(3, 4, 5, 6))
 
 
+def superseded_behind_a_deferred_fire(h: History) -> None:
+    """The backlog superseded as above, but the newest fire had been handed back to wait (its
+    run_after moved to T0 + 6.6, a lock service that could not answer): it was due all the same by
+    its slot when the older ones were superseded at T0 + 6.3, and ran at T0 + 6.6."""
+    _backlog(h, "run_once", skipped=(3, 4, 5), ran=())
+    row = _replace_row(
+        h, 1, 6, run_after=T0 + 6.6, claimed_at=T0 + 6.5, started_at=T0 + 6.6, finished_at=T0 + 6.7
+    )
+    _move_effect(h, row.id, "start", T0 + 6.601)
+    _move_effect(h, row.id, "end", T0 + 6.65)
+
+
+def catch_up_superseded_as_the_next_slot_fell_due(h: History) -> None:
+    """The cluster stopped from T0 + 2.5 to T0 + 7.4; one tick at T0 + 7.9 wrote slots 3 to 8 of
+    job 1 (run_once, grace 2 s): 3 to 6 coalesced, 7 to run, 8 on time. Slot 7 was admitted at
+    T0 + 8.02, after slot 8 fell due, and superseded by it (0.12 s after the tick wrote it: not
+    the tick's own skip); slot 8 ran."""
+    h.jobs[0] = dataclasses.replace(h.jobs[0], misfire_policy="run_once", misfire_grace_seconds=2)
+    h.faults.append(Fault("cluster_restart", "n2", T0 + 2.5, T0 + 7.4))
+    for k in range(3, 7):
+        row = _replace_row(
+            h,
+            1,
+            k,
+            term=2,
+            created_at=T0 + 7.9,
+            status="skipped",
+            reason="misfire: coalesced into one run (run_once)",
+            claimed_at=None,
+            started_at=None,
+            finished_at=T0 + 7.9,
+        )
+        _drop_effects(h, row.id)
+    row = _replace_row(
+        h,
+        1,
+        7,
+        term=2,
+        created_at=T0 + 7.9,
+        status="skipped",
+        reason=SUPERSEDED.format(policy="run_once"),
+        claimed_at=T0 + 8.0,
+        started_at=None,
+        finished_at=T0 + 8.02,
+    )
+    _drop_effects(h, row.id)
+    row = _replace_row(h, 1, 8, term=2, created_at=T0 + 7.9, started_at=T0 + 8.05)
+    _move_effect(h, row.id, "start", T0 + 8.051)
+
+
+def enqueued_runs_keep_a_forbid_job_busy(h: History) -> None:
+    """As ``jobs_stalled_after_a_kill``, but job 1's slots were skipped because runs an operator
+    enqueued kept it busy (bodies at T0 + 4.5, 6 and 7.5): the job ran all along."""
+    jobs_stalled_after_a_kill(h)
+    job = h.jobs[0]
+    for k, at in enumerate((4.5, 6.0, 7.5)):
+        row = _execution(
+            job,
+            T0 + at,
+            id=90_000 + k,
+            trigger="enqueue",
+            created_at=T0 + 3.5,
+            claimed_at=T0 + at - 0.5,
+            started_at=T0 + at,
+            finished_at=T0 + at + 0.3,
+            run_after=T0 + at,
+        )
+        _add_row(h, row, started=False)
+        h.side_effects += _effects(row)
+
+
 def superseded_with_nothing_due(h: History) -> None:
     """Slot 5 of job 1 skipped as superseded at T0 + 5.5, half a second before slot 6 fell due."""
     h.jobs[0] = dataclasses.replace(h.jobs[0], misfire_policy="run_once")
@@ -860,8 +931,17 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     (
         "backlog run one after the other",
         backlog_run_one_after_the_other,
-        {c.MISFIRE_POLICY: "started at 08:00:06.301Z with 2 later fires already due"},
+        {
+            c.MISFIRE_POLICY: "started (marked running) at 08:00:06.300Z with 2 later fires already due"
+        },
     ),
+    ("superseded behind a deferred fire", superseded_behind_a_deferred_fire, {}),
+    (
+        "catch-up superseded as the next slot fell due",
+        catch_up_superseded_as_the_next_slot_fell_due,
+        {},
+    ),
+    ("enqueued runs keep a forbid job busy", enqueued_runs_keep_a_forbid_job_busy, {}),
     (
         "superseded with nothing due",
         superseded_with_nothing_due,
