@@ -1,4 +1,5 @@
-"""The nemesis of a chaos run: the faults it deals and how it injects them.
+"""The nemesis of a chaos run: the faults it deals and how it injects them (a little over the usual
+size: one table of fault kinds and the one function that applies each).
 
 Everything runs on loopback and is started and stopped by PID. The faults, in the forms a
 production network and its operators produce them:

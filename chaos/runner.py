@@ -1,4 +1,5 @@
-"""One chaos run, from an empty database to the checker's report.
+"""One chaos run, from an empty database to the checker's report (longer than most modules: the
+timeline below, in order, in one place).
 
 ``python manage.py chaos`` prepares a :class:`ChaosPlan` (a temporary directory, the run's own
 database) and runs ``python -m chaos.runner PLAN.json`` in a child process whose

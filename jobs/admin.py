@@ -1,4 +1,5 @@
-"""Django admin for jobs, executions and the audit trail.
+"""Django admin for jobs, executions and the audit trail (longer than most modules: Django's admin
+classes for every model of the app, each thin, calling the services).
 
 Every change goes through jobs.services (so it is validated the same way as the API and audited);
 roles decide what a staff user may do: viewer reads, operator runs actions, admin edits. Users and

@@ -1,5 +1,8 @@
 """Schedule maths: when does a job fire next? (cron, interval, once)
 
+Longer than most modules on purpose: one algorithm (a cron engine that gets DST right, and the
+interval and one-off rules beside it), read top to bottom; split, it would scatter one reasoning.
+
 Pure functions only: no database access and no clock of their own. Every function takes the
 reference time as an argument, so the scheduler, the API preview and the tests all compute the
 same answer for the same input. All datetimes going in must be timezone-aware; all datetimes

@@ -1,7 +1,9 @@
 """Writes on jobs and executions. Every write records an AuditEvent and notifies after commit.
 
 Services are keyword-only and named ``<entity>_<action>``. Views, serializers, admin actions and
-management commands call these and nothing else to change data.
+management commands call these and nothing else to change data. Longer than most modules because
+it is the one writer of jobs (and of the audit trail): each function is short, and they share the
+same checks, the same audit record and the same announcements.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A run's life after its claim, and its birth: creation (a scheduled fire, a manual run, an
 enqueued run, a retry), starting, skipping, finishing, ending a run its worker can no longer report
 on, promoting due retries, cancelling; and ``transition``, the one conditional UPDATE every status
-change goes through. (Claims and hand-backs: ``claims``.)"""
+change goes through. (Claims and hand-backs: ``claims``.) Longer than most modules because a run's
+whole state machine is here, each write one short function beside the others it must agree with."""
 
 from __future__ import annotations
 

@@ -240,7 +240,7 @@ def test_an_enqueued_run_with_deep_arguments_is_a_400(admin_api, settings) -> No
 
 @pytest.mark.parametrize("depth", [900, 5000])
 def test_the_dashboard_and_admin_forms_refuse_deep_json_with_a_form_error(make_user, depth) -> None:
-    from tests.test_dashboard_pages import job_form_data
+    from tests.dashboard.test_dashboard_pages import job_form_data
 
     browser = Client(raise_request_exception=False)
     browser.force_login(make_user("admin", "deep-admin"))
