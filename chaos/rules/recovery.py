@@ -155,12 +155,17 @@ def recovery(
                     entry.longest_leader_gap_s, stretch.end - stretch.start
                 )
         holder = _holder_at(history, fault.start - 1e-6)
-        # A takeover is measured for faults that take leadership (not a clock step, a slow lock
-        # master or an operator's action).
+        # A takeover is measured for faults that took leadership (not a clock step, a slow lock
+        # master or an operator's action): the leader's term ended within the fault's recovery
+        # time. A leader that kept leading through it (a slowed link its renewals still fit) needed
+        # no takeover: a term that ends long after is another story.
+        ended = effective_end(holder, history) if holder is not None else None
         if (
             holder is not None
             and fault.kind in faults.LOSS_FAULTS
             and (holder.node_id == fault.target or fault.kind in faults.OUTAGE_FAULTS)
+            and ended is not None
+            and ended <= deadline
         ):
             later = bisect.bisect_right(acquired, fault.start)
             if later < len(terms) and terms[later].term > holder.term:
