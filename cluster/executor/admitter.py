@@ -43,8 +43,9 @@ class Admitter:
         is given back by the self-audit."""
         settled: set[int] = set()
         held: dict[int, LockWatchdog] = {}
+        taken: list[LockWatchdog] = []
         try:
-            self.admit_batch(batch, settled, held)
+            self.admit_batch(batch, settled, held, taken)
         except Exception:
             unsettled = [item for item in batch if item.execution.pk not in settled]
             # A job lock kept alive by its watchdog for a run that will not start would block
@@ -52,6 +53,9 @@ class Admitter:
             for item in unsettled:
                 if item.execution.pk in held:
                     self.host.release_lock(held[item.execution.pk])
+            for watchdog in taken:  # taken, then the batch failed before it knew whose it was
+                if not watchdog.stopped and watchdog not in held.values():
+                    self.host.release_lock(watchdog)
             retried = 0
             for item in unsettled:
                 item.failures += 1
@@ -67,9 +71,16 @@ class Admitter:
                 len(unsettled) - retried,
                 extra={"node": self.host.node_id},
             )
+        finally:
+            # Every lock this admission took was released or went to its run by now.
+            self.books.locks_settled(taken)
 
     def admit_batch(
-        self, batch: list[Scheduled], settled: set[int], held: dict[int, LockWatchdog]
+        self,
+        batch: list[Scheduled],
+        settled: set[int],
+        held: dict[int, LockWatchdog],
+        taken: list[LockWatchdog],
     ) -> None:
         """The facts are gathered for the whole batch (the later due fires of late runs' jobs, a
         job lock attempt per forbid run, one query for blocking runs, one read of live nodes, one
@@ -120,7 +131,13 @@ class Admitter:
         locks.update(
             zip(
                 (execution.pk for execution in lockers),
-                gather.try_job_locks(host.backend, lockers, host.job_lock_ttl_ms, host.keeper),
+                gather.try_job_locks(
+                    host.backend,
+                    lockers,
+                    host.job_lock_ttl_ms,
+                    host.keeper,
+                    on_taken=lambda watchdog: self._taken(watchdog, taken),
+                ),
                 strict=True,
             )
         )
@@ -159,6 +176,11 @@ class Admitter:
         if starts:
             self.start(starts)
             settled.update(item.execution.pk for item, _ in starts)
+
+    def _taken(self, watchdog: LockWatchdog, taken: list[LockWatchdog]) -> None:
+        """A job lock taken for this batch: owned (the keeper keeps it) until the batch is over."""
+        self.books.locks_taken(watchdog)
+        taken.append(watchdog)
 
     def wait(self, item: Scheduled, until: float) -> None:
         """Into the waiting room: the starter looks at it again at ``until`` (wall clock)."""

@@ -151,12 +151,15 @@ class Executor:
     def running_ids(self) -> list[int]:
         return self.books.running_ids()
 
-    def _kept_locks(self) -> set[int] | None:
-        """The lock keeper's question. While the database is unreachable only the locks of
-        running bodies are kept: a lock taken for a run that cannot be written to start (an
-        admission stuck in a hung statement, a run waiting for its instant) would hold its job
-        on every node for as long as the partition lasts."""
-        return None if self.database_able() else self.books.held_locks()
+    def _kept_locks(self) -> set[int]:
+        """The lock keeper's question: which locks to go on extending (the others are given up
+        and released). The locks this node holds for a reason (``Ledger.rightful_locks``); while
+        the database is unreachable only those of running bodies: a lock taken for a run that
+        cannot be written to start (an admission stuck in a hung statement, a run waiting for its
+        instant) would hold its job on every node for as long as the partition lasts."""
+        if not self.database_able():
+            return self.books.held_locks()
+        return self.books.rightful_locks()
 
     # --- the loops' passes ----------------------------------------------------------------------------
     def claim_once(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -239,6 +240,7 @@ def try_job_locks(
     batch: list[JobExecution],
     ttl_ms: int,
     keeper: LockKeeper,
+    on_taken: Callable[[LockWatchdog], None] = lambda watchdog: None,
 ) -> list[tuple[Lock, LockWatchdog | None]]:
     """The job lock of each execution, asked for all at once (``backend.acquire_locks``: one round
     trip per Redlock master); a lock taken is kept alive by the node's ``keeper``. Two runs of one
@@ -275,5 +277,7 @@ def try_job_locks(
         elif result is None:
             locks.append((Lock.TAKEN, None))
         else:
-            locks.append((Lock.HELD, keeper.keep(LockWatchdog(backend, result, ttl_ms))))
+            watchdog = LockWatchdog(backend, result, ttl_ms)
+            on_taken(watchdog)  # owned before the keeper extends it: see Ledger.rightful_locks
+            locks.append((Lock.HELD, keeper.keep(watchdog)))
     return locks

@@ -64,6 +64,11 @@ class Ledger:
         # Claim token prefixes of this process's own claims, newest last (not a previous process
         # that ran under the same node id: its bodies may have run).
         self.own_prefixes: OrderedDict[str, None] = OrderedDict()
+        # Job locks held by admissions in flight, and by runs whose outcome is queued while their
+        # thread body may still run (released once the outcome is written): with the active runs'
+        # own, the only locks this node may hold (see rightful_locks).
+        self.admitting_locks: dict[int, LockWatchdog] = {}
+        self.finishing_locks: dict[int, LockWatchdog] = {}
 
     # --- capacity ---------------------------------------------------------------------------------
     def overflow_locked(self) -> int:
@@ -211,7 +216,31 @@ class Ledger:
         """The run's job lock, taken from it (atomically: whoever takes it releases it, once)."""
         with self.lock:
             lock, run.lock = run.lock, None
+            self.finishing_locks.pop(run.execution.pk, None)
         return lock
+
+    def locks_taken(self, watchdog: LockWatchdog) -> None:
+        """An admission took this job lock (before the keeper extends it)."""
+        with self.lock:
+            self.admitting_locks[id(watchdog)] = watchdog
+
+    def locks_settled(self, watchdogs: list[LockWatchdog]) -> None:
+        """An admission is over: each lock it took was released or went to its run."""
+        with self.lock:
+            for watchdog in watchdogs:
+                self.admitting_locks.pop(id(watchdog), None)
+
+    def rightful_locks(self) -> set[int]:
+        """The job locks this node holds for a reason (their watchdogs' ids): an active run's, an
+        admission's in flight, a run's whose outcome is queued. Any other lock its keeper extends
+        is held for nothing (a path that forgot to release it) and must go: it would block its
+        job on every node for as long as this node lives."""
+        with self.lock:
+            return (
+                {id(run.lock) for run in self.active.values() if run.lock is not None}
+                | set(self.admitting_locks)
+                | {id(lock) for lock in self.finishing_locks.values()}
+            )
 
     # --- body slots -------------------------------------------------------------------------------
     def take_body_slot(self, run: ActiveRun) -> bool | None:
@@ -294,6 +323,8 @@ class Ledger:
             lock = None
             if take_lock():
                 lock, run.lock = run.lock, None
+            elif run.lock is not None:
+                self.finishing_locks[run.execution.pk] = run.lock
             return True, lock
 
     def written(self, execution_ids: list[int]) -> None:

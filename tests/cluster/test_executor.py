@@ -636,10 +636,10 @@ def test_admission_batches_stuck_on_the_database_hold_up_no_later_batch(
     release = threading.Event()
     real = executor.admitter.admit_batch
 
-    def admit(batch, settled, held):
+    def admit(batch, *rest):
         if any(item.execution.job.name.startswith("stuck") for item in batch):
             release.wait(OUTCOME_TIMEOUT_S)
-        return real(batch, settled, held)
+        return real(batch, *rest)
 
     monkeypatch.setattr(executor.admitter, "admit_batch", admit)
     path = tmp_path / "r"

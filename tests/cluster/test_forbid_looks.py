@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from cluster.admission import REASON_FORBID, WAIT_POLL_S
 from cluster.clock import SettableClock
+from cluster.coordination import LockWatchdog
 from cluster.executor.core import Executor
 from jobs import services
 from jobs.models import ConcurrencyPolicy, Job, JobExecution
@@ -120,3 +121,36 @@ def test_a_late_run_holding_the_lock_is_waited_for_not_an_older_row_still_marked
     executor.starter_step()
     assert [run.execution.pk for run in runner.runs] == [late.pk]
     assert JobExecution.objects.get(pk=late.pk).status == S.RUNNING
+
+
+def test_a_job_lock_held_for_no_run_of_the_node_is_released_by_its_keeper():
+    """Only the locks a node holds for a reason are kept alive: an active run's (here a forbid run
+    admitted and waiting for its instant) is extended; one nothing of the node owns (a path that
+    forgot to release it) is given up at the keeper's next pass and released, so its job is not
+    blocked on every node for as long as the node lives (a chaos run saw a job's runs wait for
+    its lock past their 60 s grace)."""
+    executor, runner, _, backend = stepped_executor("keeper-node", capacity=8)
+    job = services.job_create(
+        data={
+            "name": "owned-lock",
+            "task": "noop",
+            "schedule_type": "interval",
+            "interval_seconds": 86_400,
+            "enabled": False,
+            "concurrency_policy": ConcurrencyPolicy.FORBID,
+        },
+        by=services.SYSTEM,
+    )
+    run = services.job_trigger(job_id=job.pk, by=services.SYSTEM)
+    assert executor.claim_once() == 1
+    executor.starter_step()  # admitted: the run holds its job lock, its body waits for the test
+    (active,) = runner.runs
+    assert active.execution.pk == run.pk and active.lock is not None
+
+    stray_handle = backend.acquire_lock("job:stray", TTL_MS)
+    stray = executor.keeper.keep(LockWatchdog(backend, stray_handle, TTL_MS))
+
+    executor.extend_locks()
+    assert stray.lost.is_set() and stray.stopped
+    assert backend.acquire_lock("job:stray", TTL_MS) is not None  # released: free for anyone
+    assert not active.lock.lost.is_set() and not active.lock.stopped
