@@ -26,6 +26,21 @@ S = ExecutionStatus
 TTL_MS = 3_600_000
 
 
+def forbid_job(name: str) -> Job:
+    """A forbid job that never fires by itself: its runs come from the test."""
+    return services.job_create(
+        data={
+            "name": name,
+            "task": "noop",
+            "schedule_type": "interval",
+            "interval_seconds": 86_400,
+            "enabled": False,
+            "concurrency_policy": ConcurrencyPolicy.FORBID,
+        },
+        by=services.SYSTEM,
+    )
+
+
 def running_row(job: Job, *, slot_ago_s: float, started_ago_s: float, token: str) -> None:
     now = timezone.now()
     JobExecution.objects.create(
@@ -45,17 +60,7 @@ def late_run_behind_a_taken_lock(
     """A forbid job whose lock another live node holds, beside that node's run started 3 s ago
     and still marked running, and a run of the job due 1 s ago, claimed and looked at once."""
     executor, _, clock, backend = stepped_executor(name, capacity=8)
-    job = services.job_create(
-        data={
-            "name": name,
-            "task": "noop",
-            "schedule_type": "interval",
-            "interval_seconds": 86_400,
-            "enabled": False,
-            "concurrency_policy": ConcurrencyPolicy.FORBID,
-        },
-        by=services.SYSTEM,
-    )
+    job = forbid_job(name)
     backend.heartbeat("other-node", TTL_MS, {})  # the other runs' node is alive
     assert backend.acquire_lock(f"job:{job.pk}", TTL_MS) is not None
     running_row(job, slot_ago_s=3, started_ago_s=3, token="older")
@@ -94,17 +99,7 @@ def test_a_late_run_holding_the_lock_is_waited_for_not_an_older_row_still_marked
     forbid settle time, and starts once it is done; it is not skipped as if the old row's body
     still ran (a chaos run found that skip)."""
     executor, runner, clock, backend = stepped_executor("late-holder", capacity=8)
-    job = services.job_create(
-        data={
-            "name": "late-holder",
-            "task": "noop",
-            "schedule_type": "interval",
-            "interval_seconds": 86_400,
-            "enabled": False,
-            "concurrency_policy": ConcurrencyPolicy.FORBID,
-        },
-        by=services.SYSTEM,
-    )
+    job = forbid_job("late-holder")
     backend.heartbeat("other-node", TTL_MS, {})
     held = backend.acquire_lock(f"job:{job.pk}", TTL_MS)
     running_row(job, slot_ago_s=60, started_ago_s=60, token="old")
@@ -130,17 +125,7 @@ def test_a_job_lock_held_for_no_run_of_the_node_is_released_by_its_keeper():
     blocked on every node for as long as the node lives (a chaos run saw a job's runs wait for
     its lock past their 60 s grace)."""
     executor, runner, _, backend = stepped_executor("keeper-node", capacity=8)
-    job = services.job_create(
-        data={
-            "name": "owned-lock",
-            "task": "noop",
-            "schedule_type": "interval",
-            "interval_seconds": 86_400,
-            "enabled": False,
-            "concurrency_policy": ConcurrencyPolicy.FORBID,
-        },
-        by=services.SYSTEM,
-    )
+    job = forbid_job("owned-lock")
     run = services.job_trigger(job_id=job.pk, by=services.SYSTEM)
     assert executor.claim_once() == 1
     executor.starter_step()  # admitted: the run holds its job lock, its body waits for the test
