@@ -96,8 +96,23 @@ class TermViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["node_id"]
 
 
+class BehindSerializer(serializers.Serializer):
+    since = serializers.FloatField(help_text="Since when (Unix seconds, the cluster's time).")
+    fires_s = serializers.IntegerField(
+        help_text="How far past due the earliest fire not yet written is (seconds)."
+    )
+    claims_s = serializers.IntegerField(
+        help_text="How long the oldest due run has waited unclaimed (seconds)."
+    )
+    waiting = serializers.IntegerField(
+        help_text="Due runs unclaimed past the warning threshold (at most 1,000 counted)."
+    )
+    why = serializers.ListField(child=serializers.CharField())
+
+
 class ClusterStateView(APIView):
-    """The leader, its term, and node counts by status."""
+    """The leader, its term, node counts by status, and how far behind schedule the cluster is
+    (``behind``: null while it keeps up)."""
 
     @extend_schema(
         responses=inline_serializer(
@@ -108,6 +123,7 @@ class ClusterStateView(APIView):
                 "leader_since": serializers.DateTimeField(allow_null=True),
                 "coordination": serializers.CharField(),
                 "nodes": serializers.DictField(child=serializers.IntegerField()),
+                "behind": BehindSerializer(allow_null=True),
                 "time": serializers.DateTimeField(),
             },
         )

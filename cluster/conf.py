@@ -59,6 +59,12 @@ KNOBS: dict[str, tuple[Any, Callable[[str], Any], Callable[[Any], str | None]]] 
         float,
         lambda v: None if 0.1 <= v <= 60 else "must be within 0.1-60 seconds",
     ),
+    # The leader warns once when fires or claims fall this far behind (cluster.behind).
+    "BEHIND_WARN_S": (
+        5.0,
+        float,
+        lambda v: None if 0.5 <= v <= 3600 else "must be within 0.5-3600 seconds",
+    ),
     "METRICS_PORT": (0, int, lambda v: None if 0 <= v <= 65535 else "must be 0 (off) or a port"),
     "METRICS_HOST": ("0.0.0.0", str, lambda v: None if v else "must not be empty"),  # noqa: S104
     # [] (default): not pinned; see cluster.affinity.

@@ -44,6 +44,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from cluster import announce, conf, node_metrics, reaper, scheduler, selectors, services
+from cluster.behind import BehindWatch
 from cluster.clock import Clock, ReferenceClock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.dbhealth import UNREACHABLE, DatabaseHealth, Reachability, is_connection_error
@@ -183,6 +184,8 @@ class NodeConfig:
     # The server-side limit of one database statement on the node's control path (the leader,
     # the reaper, the heartbeat, the notifier); see cluster.dbhealth.
     db_control_limit_s: float = DB_CONTROL_LIMIT_S
+    # The leader warns once when fires or claims fall this far behind (cluster.behind).
+    behind_warn_s: float = conf.default("BEHIND_WARN_S")
 
     def __post_init__(self) -> None:
         problem = conf.values_problem(
@@ -194,6 +197,7 @@ class NodeConfig:
                 "LOOKAHEAD_S": self.lookahead_s,
                 "DRAIN_GRACE_S": self.grace_s,
                 "DB_CONTROL_LIMIT_S": self.db_control_limit_s,
+                "BEHIND_WARN_S": self.behind_warn_s,
                 "LEASE_TTL_MS": self.election.lease_ttl_ms,
                 "RENEW_DEADLINE_MS": self.election.renew_deadline_ms,
                 "RETRY_PERIOD_MS": self.election.retry_period_ms,
@@ -316,6 +320,13 @@ class NodeRunner:
             is_leader=lambda: self.is_leader,
             hand_over=self.elector.poke,
         )
+        self.behind = BehindWatch(
+            node_id=config.node_id,
+            clock=self.clock,
+            threshold_s=config.behind_warn_s,
+            round_trip_s=self.database.round_trip_s,
+            served_queues=selectors.served_queues,
+        )
         self._log_extra = {"node": config.node_id}
 
     def _now(self) -> datetime:
@@ -385,6 +396,9 @@ class NodeRunner:
             payload["db_rtt_ms"] = round(round_trip * 1000, 2)
         if self.executor.held_back is not None:
             payload["claims_held_back"] = self.executor.held_back
+        behind = self.behind.state
+        if behind is not None and self.is_leader:
+            payload["behind"] = behind  # read by the dashboard's overview
         if not database.reachable:
             # Read by the dashboard (a node alive here but cut off from the database is degraded)
             # and by the next leader (why this node's term ended).
@@ -459,6 +473,7 @@ class NodeRunner:
 
     def _stopped_leading(self, lease: Lease, reason: str) -> None:
         self._leading.clear()
+        self.behind.caught_up(leading=False)  # the next leader measures
         self._term_events.put(("stop", lease, reason))
         self._wake_leader.set()
 
@@ -585,6 +600,8 @@ class NodeRunner:
                         reaped.stuck,
                         extra={**self._log_extra, "term": term},
                     )
+            if self.behind.due():
+                self.behind.check(now=self._now())
         except Fenced as exc:
             logger.error("fenced, stepping down: %s", exc, extra={**self._log_extra, "term": term})
             self._leading.clear()

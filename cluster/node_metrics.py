@@ -164,6 +164,21 @@ class NodeMetrics:
             node,
             registry=r,
         )
+        self.behind = Gauge(
+            "scheduler_node_behind_seconds",
+            "How far behind schedule the cluster is, measured by its leader about once a second "
+            "(part: fires, the earliest fire not yet written; claims, the oldest due run not yet "
+            "claimed); 0 on a node that does not lead.",
+            [*node, "part"],
+            registry=r,
+        )
+        self.due_waiting = Gauge(
+            "scheduler_node_due_runs_waiting",
+            "Due runs left unclaimed past SCHEDULER_BEHIND_WARN_S (at most 1,000 counted), "
+            "measured by the leader.",
+            node,
+            registry=r,
+        )
         self.labels(self.database_reachable).set(1)
         self.labels(self.claims_held_back).set(0)
         self.last_claim_pass = time.monotonic()
@@ -266,6 +281,15 @@ def claims_held_back(held: bool) -> None:
         m.labels(m.claims_held_back).set(1 if held else 0)
 
 
+def behind(*, fires_s: float, claims_s: float, waiting: int) -> None:
+    m = _current
+    if m is None:
+        return
+    m.labels(m.behind, part="fires").set(fires_s)
+    m.labels(m.behind, part="claims").set(claims_s)
+    m.labels(m.due_waiting).set(waiting)
+
+
 def presence(seconds: float | None) -> None:
     m = _current
     if m is None:
@@ -295,8 +319,14 @@ def app(
     capacity: int,
     member: Callable[[], bool],
     database: Callable[[], Reachability],
+    behind: Callable[[], str] = lambda: "",
 ) -> Callable[..., Iterable[bytes]]:
-    """The node's WSGI application: /metrics, /health/live, /health/ready."""
+    """The node's WSGI application: /metrics, /health/live, /health/ready.
+
+    Readiness is 503 while the node cannot do its work (membership unconfirmed, database
+    unreachable). A cluster behind schedule is said in its text but keeps it 200: the node can
+    work, and a readiness gate that failed for the cluster's backlog would stall the very
+    roll-out that adds capacity."""
 
     def respond(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -319,6 +349,9 @@ def app(
             if not reach.reachable:
                 problems.append(f"database unreachable: {reach.reason}")
             text = "; ".join(problems) if problems else "member; database reachable"
+            lag = behind()
+            if lag:
+                text = f"{text}; {lag}"
             return _text(start_response, not problems, text + "\n")
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found: /metrics, /health/live, /health/ready\n"]

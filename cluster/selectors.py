@@ -80,10 +80,31 @@ def cluster_state(*, now: datetime | None = None) -> dict[str, Any]:
         "leader": term.node_id if term else None,
         "term": term.term if term else None,
         "leader_since": term.acquired_at if term else None,
+        "behind": leader_behind(term.node_id if term else None),
         "coordination": app_setting("SCHEDULER_COORDINATION"),
         "nodes": by_status,
         "time": now,
     }
+
+
+def served_queues() -> list[str]:
+    """The queues some active node serves (read when the leader says why it is behind)."""
+    served: set[str] = set()
+    for queues in SchedulerNode.objects.filter(status=NodeStatus.ACTIVE).values_list(
+        "queues", flat=True
+    ):
+        served.update(queues or [])
+    return sorted(served)
+
+
+def leader_behind(leader: str | None) -> dict[str, Any] | None:
+    """What the leader says of the schedule while it is behind (its presence; None while the
+    cluster keeps up, or with no leader). Cached as the presence is (PRESENCE_CACHE_S)."""
+    if leader is None:
+        return None
+    payload = _live_presence().get(leader) or {}
+    behind = payload.get("behind")
+    return behind if isinstance(behind, dict) else None
 
 
 def node_drain_requested(node_id: str) -> bool:

@@ -11,7 +11,7 @@ from rest_framework import serializers
 
 from cluster.api import NodeSerializer, TermSerializer
 from cluster.models import LeadershipTerm, SchedulerNode
-from cluster.selectors import DEGRADED, current_term, degraded_nodes
+from cluster.selectors import DEGRADED, current_term, degraded_nodes, leader_behind
 from dashboard.live.protocol import LATE_AFTER_S, OUTPUT_FIELDS, frame
 from jobs.api.serializers import ExecutionSerializer, JobSerializer
 from jobs.models import JobExecution
@@ -81,6 +81,8 @@ def cluster_payload() -> dict[str, Any]:
         else None,
         "nodes": node_data,
         "terms": TermSerializer(terms, many=True).data,
+        # The leader's word while the schedule is behind (None while it keeps up).
+        "behind": leader_behind(term.node_id if term else None),
     }
 
 

@@ -17,6 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from dashboard.live import payloads
 from jobs import services
 from jobs.models import AuditEvent, Job, JobExecution
 from jobs.services import SYSTEM
@@ -819,3 +820,29 @@ def test_the_executions_search_reads_nodes_too(data, login) -> None:
     shown = set(map(int, re.findall(r'<tr[^>]*data-execution-id="(\d+)"', page)))
     assert data.running.pk in shown
     assert shown == set(JobExecution.objects.filter(node="node-a").values_list("pk", flat=True))
+
+
+def test_the_overview_shows_the_leaders_word_while_the_schedule_is_behind(login, data, monkeypatch):
+    """The banner is rendered hidden while the cluster keeps up, and with the leader's figures and
+    reasons while its presence says it is behind (the live feed's cluster frame carries the same)."""
+    browser = login("viewer")
+    page = browser.get("/").content.decode()
+    assert 'id="cluster-behind" role="status" aria-live="polite" hidden' in page
+    monkeypatch.setattr(
+        payloads,
+        "leader_behind",
+        lambda leader: {
+            "since": 1_800_000_000.0,
+            "fires_s": 0,
+            "claims_s": 31,
+            "waiting": 212,
+            "why": [
+                "claims: 212 due runs in queue 'reports' waiting unclaimed, the oldest 31.0 s",
+                "no live node serves queue 'reports'",
+            ],
+        },
+    )
+    page = browser.get("/").content.decode()
+    assert 'id="cluster-behind" role="status" aria-live="polite">' in page
+    assert "fires 0 s, claims 31 s late, 212 due runs waiting" in page
+    assert "no live node serves queue &#x27;reports&#x27;" in page

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from cluster import selectors, services
+from cluster.behind import describe as describe_behind
 from cluster.models import SchedulerNode
 from jobs.models import AuditSource
 from jobs.services import ActionNotAllowed, Actor
@@ -64,11 +65,19 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(
                 json.dumps(
-                    {"leader": state["leader"], "term": state["term"], "nodes": rows}, indent=2
+                    {
+                        "leader": state["leader"],
+                        "term": state["term"],
+                        "behind": state["behind"],
+                        "nodes": rows,
+                    },
+                    indent=2,
                 )
             )
             return
         self.stdout.write(f"leader: {state['leader'] or '-'}  term: {state['term'] or '-'}")
+        if state["behind"]:
+            self.stdout.write(describe_behind(state["behind"]))
         self.stdout.write(f"{'NODE':24} {'STATUS':9} {'HEARTBEAT':>9} {'RUN/CAP':>8} HOST")
         for row in rows:
             mark = "*" if row["leader"] else " "

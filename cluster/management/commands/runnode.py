@@ -22,6 +22,7 @@ from django.db import DatabaseError, connections
 from cluster import affinity, node_metrics, tracing
 from cluster import conf as scheduler_settings
 from cluster.apps import limit_idle_transactions
+from cluster.behind import describe as behind_line
 from cluster.clock import ReferenceClock
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
@@ -48,6 +49,7 @@ FLAGS = {
     "LOOKAHEAD_S": "lookahead_s",
     "DRAIN_GRACE_S": "grace",
     "DB_CONTROL_LIMIT_S": "db_control_limit_s",
+    "BEHIND_WARN_S": "behind_warn_s",
     "METRICS_PORT": "metrics_port",
     "METRICS_HOST": "metrics_host",
     "CPUS": "cpus",
@@ -107,6 +109,12 @@ class Command(BaseCommand):
             "unanswered a little longer, the database counts as unreachable",
         )
         knob(
+            "--behind-warn-s",
+            "BEHIND_WARN_S",
+            float,
+            "The leader warns once when fires or claims fall this far behind schedule",
+        )
+        knob(
             "--metrics-port",
             "METRICS_PORT",
             int,
@@ -147,6 +155,7 @@ class Command(BaseCommand):
                 lookahead_s=knobs["LOOKAHEAD_S"],
                 grace_s=knobs["DRAIN_GRACE_S"],
                 db_control_limit_s=knobs["DB_CONTROL_LIMIT_S"],
+                behind_warn_s=knobs["BEHIND_WARN_S"],
                 election=ElectionConfig(
                     lease_ttl_ms=knobs["LEASE_TTL_MS"],
                     renew_deadline_ms=knobs["RENEW_DEADLINE_MS"],
@@ -232,6 +241,7 @@ class Command(BaseCommand):
             capacity=node.config.capacity,
             member=node.membership.confirmed,
             database=node.database.observe,
+            behind=lambda: behind_line(node.behind.state),
         )
         try:
             server = node_metrics.serve(app, host, port)

@@ -198,8 +198,22 @@
     ]);
   }
 
+  var behindEl = document.getElementById("cluster-behind");
+
+  // The leader's word while the schedule is behind (null while it keeps up).
+  function renderBehind(behind) {
+    if (!behindEl) return;
+    behindEl.hidden = !behind;
+    if (!behind) return;
+    var figures = "— fires " + behind.fires_s + " s, claims " + behind.claims_s + " s late";
+    if (behind.waiting) figures += ", " + behind.waiting + " due run" + (behind.waiting === 1 ? "" : "s") + " waiting";
+    behindEl.querySelector('[data-field="figures"]').textContent = figures;
+    behindEl.querySelector('[data-field="why"]').textContent = (behind.why || []).join("; ");
+  }
+
   function renderCluster(data) {
     cluster = data;
+    renderBehind(data.behind);
     var el = Sched.el;
     Sched.clear(nodesEl);
     if (!data.nodes.length) {
