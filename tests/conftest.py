@@ -28,6 +28,11 @@ def _fresh_cache() -> Iterator[None]:
         delete_pattern("*")  # django-redis: this KEY_PREFIX's keys only, never the whole server
     else:
         cache.clear()
+    # The overview's settled chart minutes are kept per process: another test's rows are not this
+    # one's.
+    from dashboard.selectors import settled_minutes
+
+    settled_minutes.clear()
     yield
 
 

@@ -68,7 +68,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     since = filter_datetime(params.get("since", ""), zone)
     until = filter_datetime(params.get("until", ""), zone)
     events = selectors.audit_events(search=search, fields=fields, since=since, until=until)
-    page = paginate(request, events)
+    page = paginate(request, events, costly=bool(search))
     node_map = selectors.node_pks()
     _decorate(page.object_list, node_map)
     return render(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import zoneinfo
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import wraps
+from functools import cached_property, wraps
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -27,6 +27,8 @@ from jobs.validation import in_datetime_range
 
 S = ExecutionStatus
 PAGE_SIZE = 50
+# Lists count this many rows at most (CappedPaginator).
+COUNT_CAP = 10_000
 # A text search longer than this is cut (it is a filter, not a document).
 MAX_SEARCH_CHARS = 200
 MSG_NOT_A_JOB = "This job no longer exists."
@@ -92,8 +94,41 @@ def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
     return HttpResponseRedirect(target)
 
 
-def paginate(request: HttpRequest, items: QuerySet, per_page: int = PAGE_SIZE) -> Page:
-    return Paginator(items, per_page).get_page(request.GET.get("page"))
+class CappedPaginator(Paginator):
+    """Counts no further than ``cap`` rows: a list of ten million runs is counted as "more than
+    10,000" in the time it takes to read 10,001 index entries, not the whole table (a page of a
+    list reads only its own rows; the count was what grew with the history). Past the cap the
+    filters, not the page numbers, reach older rows."""
+
+    def __init__(self, object_list: QuerySet, per_page: int, *, cap: int) -> None:
+        super().__init__(object_list, per_page)
+        self.cap = cap
+
+    @cached_property
+    def seen(self) -> int:
+        # SELECT COUNT(*) FROM (SELECT ... LIMIT cap + 1): reads at most cap + 1 rows.
+        return self.object_list.order_by().values("pk")[: self.cap + 1].count()
+
+    @cached_property
+    def count(self) -> int:
+        return min(self.seen, self.cap)
+
+    @property
+    def capped(self) -> bool:
+        return self.seen > self.cap
+
+
+def paginate(
+    request: HttpRequest, items: QuerySet, per_page: int = PAGE_SIZE, *, costly: bool = False
+) -> Page:
+    """A page of ``items``, counted up to COUNT_CAP. A ``costly`` list (each row is judged by a
+    subquery or a text match that no index serves) is counted only up to one row past the asked
+    page: enough to offer the next page, without judging every row of a large table."""
+    cap = COUNT_CAP
+    if costly:
+        number = int_or_none(request.GET.get("page")) or 1
+        cap = min(COUNT_CAP, number * per_page + 1)
+    return CappedPaginator(items, per_page, cap=cap).get_page(request.GET.get("page"))
 
 
 def query_without_page(request: HttpRequest) -> str:

@@ -33,13 +33,18 @@ from jobs.services import ActionNotAllowed
 from jobs.states import RETRYABLE_STATES, TERMINAL_STATES
 
 CANCELLABLE_STATUSES = (S.PENDING, S.RETRY_SCHEDULED, S.RUNNING)
+JOB_CHOICES_LIMIT = 500
 RETRY_SOURCE_STATUSES = (*RETRYABLE_STATES, S.CANCELLED)
 
 
 @role_required(VIEWER)
 def execution_list(request: HttpRequest) -> HttpResponse:
     params = request.GET
-    job_id = int_or_none(params.get("job"))
+    # The job filter: a list of names while there are few jobs, a name (or id) typed in beyond
+    # JOB_CHOICES_LIMIT (a million options would be the page).
+    job_choices = list(selectors.job_names()[: JOB_CHOICES_LIMIT + 1])
+    job_ref = params.get("job", "").strip()[:MAX_SEARCH_CHARS]
+    job_id = int_or_none(job_ref) or (selectors.job_id_named(job_ref) if job_ref else None)
     status = params.get("status", "")
     node = params.get("node", "")
     zone = params.get("tz", "")
@@ -49,7 +54,9 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     executions = selectors.execution_rows(
         job=job_id, status=status, node=node, since=since, until=until, search=search
     )
-    page = paginate(request, executions)
+    if job_ref and job_id is None:
+        executions = executions.none()  # no such job: no runs (not every run)
+    page = paginate(request, executions, costly=bool(search))
     node_map = selectors.node_pks()
     nodes = sorted(set(node_map) | ({node} if node else set()))
     return render(
@@ -61,11 +68,12 @@ def execution_list(request: HttpRequest) -> HttpResponse:
             executions=decorate_executions(page.object_list, node_map),
             node_map=node_map,
             query=query_without_page(request),
-            jobs=selectors.job_names(),
+            jobs=job_choices if len(job_choices) <= JOB_CHOICES_LIMIT else None,
             statuses=S.choices,
             nodes=nodes,
             filters={
                 "job": job_id,
+                "job_ref": job_ref,
                 "status": status,
                 "node": node,
                 "since": params.get("since", ""),
@@ -83,7 +91,7 @@ def execution_list(request: HttpRequest) -> HttpResponse:
                 # (the feed cannot tell which match it).
                 "prepend": page.number == 1 and not search,
             },
-            filtered=bool(job_id or status or node or since or until or search),
+            filtered=bool(job_ref or status or node or since or until or search),
             nav="executions",
         ),
     )

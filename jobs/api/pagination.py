@@ -3,10 +3,13 @@ instead of DRF's silent fallbacks (a bad page_size meant the default, an empty p
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
+from django.core.paginator import Paginator
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.response import Response
 
 MAX_PAGE_SIZE = 500
 # A page number past any real one (also keeps int() far from its digit limit).
@@ -27,7 +30,29 @@ def _bounded_int(params: Any, name: str, low: int, high: int) -> int | None:
     raise ValidationError({name: [ERR_PAGE_INTEGER.format(low=low, high=high)]})
 
 
+# A list is counted no further than this many rows (``count_capped`` says when it stopped).
+COUNT_CAP = 10_000
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most COUNT_CAP + 1 rows (SELECT COUNT(*) FROM (SELECT id ... LIMIT n)): a count
+    of ten million runs read every one of them, 2.5 s a page on MariaDB."""
+
+    @cached_property
+    def seen(self) -> int:
+        return self.object_list.order_by().values("pk")[: COUNT_CAP + 1].count()
+
+    @cached_property
+    def count(self) -> int:
+        return min(self.seen, COUNT_CAP)
+
+    @property
+    def capped(self) -> bool:
+        return self.seen > COUNT_CAP
+
+
 class Pagination(PageNumberPagination):
+    django_paginator_class = CappedCountPaginator
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = MAX_PAGE_SIZE
@@ -40,6 +65,24 @@ class Pagination(PageNumberPagination):
     def get_page_number(self, request: Any, paginator: Any) -> int:
         number = _bounded_int(request.query_params, self.page_query_param, 1, MAX_PAGE)
         return 1 if number is None else number
+
+    def get_paginated_response(self, data: Any) -> Response:
+        response = super().get_paginated_response(data)
+        response.data["count_capped"] = self.page.paginator.capped
+        return response
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        described = super().get_paginated_response_schema(schema)
+        described["properties"]["count"]["description"] = (
+            f"How many match, counted up to {COUNT_CAP:,} (see count_capped)."
+        )
+        described["properties"]["count_capped"] = {
+            "type": "boolean",
+            "description": f"True when more than {COUNT_CAP:,} match: count is then {COUNT_CAP:,} "
+            "and the pages reach the first of them (narrow the filters for the rest).",
+        }
+        described["required"] = [*described.get("required", []), "count_capped"]
+        return described
 
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
         page, size = super().get_schema_operation_parameters(view)

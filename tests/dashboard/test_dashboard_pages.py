@@ -13,11 +13,17 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.contrib.staticfiles import finders
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from dashboard import selectors as dashboard_selectors
 from dashboard.live import payloads
+from dashboard.views import common
+from dashboard.views import executions as executions_views
+from dashboard.views import jobs as jobs_views
 from jobs import services
 from jobs.models import AuditEvent, Job, JobExecution
 from jobs.services import SYSTEM
@@ -706,6 +712,36 @@ def test_stats_json_counts_and_chart_buckets(login, data):
     assert [t["term"] for t in stats["cluster"]["terms"]] == [3, 2]
 
 
+def test_the_charts_read_only_the_minutes_not_yet_settled(data):
+    """A minute over for SETTLED_AFTER_S is kept by the process: a second look reads the runs of
+    the minutes since (a row written late into a settled minute shows after a restart, which
+    clearing the cache stands for)."""
+    now = timezone.now()
+
+    def outcomes() -> dict[str, int]:
+        found: dict[str, int] = {}
+        for bucket in dashboard_selectors.execution_minutes(now=now)["buckets"]:
+            for status, n in bucket["outcomes"].items():
+                found[status] = found.get(status, 0) + n
+        return found
+
+    assert outcomes() == {"failed": 1, "succeeded": 1}
+    for minutes_ago in (30, 0):  # one in a settled minute, one in the current one
+        slot = now - timedelta(minutes=minutes_ago)
+        JobExecution.objects.create(
+            job=data.job,
+            scheduled_for=slot - timedelta(seconds=1),
+            run_after=slot,
+            status=S.LOST,
+            finished_at=slot,
+        )
+    with CaptureQueriesContext(connection) as captured:
+        assert outcomes() == {"failed": 1, "succeeded": 1, "lost": 1}
+    assert len(captured) == 2  # the unsettled minutes' finished runs, and their starts
+    dashboard_selectors.settled_minutes.clear()
+    assert outcomes() == {"failed": 1, "succeeded": 1, "lost": 2}
+
+
 def test_editing_a_one_off_that_already_fired_keeps_its_run_at(login, data):
     fired_at = timezone.now() - timedelta(days=2)
     job = services.job_create(
@@ -846,3 +882,65 @@ def test_the_overview_shows_the_leaders_word_while_the_schedule_is_behind(login,
     assert 'id="cluster-behind" role="status" aria-live="polite">' in page
     assert "fires 0 s, claims 31 s late, 212 due runs waiting" in page
     assert "no live node serves queue &#x27;reports&#x27;" in page
+
+
+def test_a_list_counts_no_further_than_its_cap(login, data, monkeypatch):
+    """Past COUNT_CAP the list says "more than" the cap and its count reads no more rows than
+    that (a LIMIT in the count's subquery); below it the exact count, which the live feed keeps."""
+    browser = login("viewer")
+    page = browser.get("/executions/").content.decode()
+    assert "<span data-live-total>4</span> in all" in page
+    monkeypatch.setattr(common, "COUNT_CAP", 3)
+    with CaptureQueriesContext(connection) as captured:
+        page = browser.get("/executions/").content.decode()
+    assert "more than 3 in all: narrow the filters to reach older ones" in page
+    assert "data-live-total" not in page
+    [count] = [q["sql"] for q in captured.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert "LIMIT 4" in count.upper(), count
+    assert (
+        "<span data-live-total>1</span> in all"
+        in browser.get("/executions/?status=failed").content.decode()
+    )
+
+
+def test_the_run_lists_job_filter_is_typed_when_there_are_many_jobs(login, data, monkeypatch):
+    """A few jobs: a list of names. Many: a name or an id typed in, an unknown one matching no run
+    (never every run)."""
+    browser = login("viewer")
+    page = browser.get("/executions/").content.decode()
+    assert '<select id="f-job" name="job">' in page
+    monkeypatch.setattr(executions_views, "JOB_CHOICES_LIMIT", 1)
+    page = browser.get("/executions/").content.decode()
+    assert '<input type="search" id="f-job" name="job" value=""' in page
+    assert "nightly-report" not in page.split('id="f-job"')[1].split("</div>")[0]
+    by_name = browser.get("/executions/?job=nightly-report").content.decode()
+    by_id = browser.get(f"/executions/?job={data.job.pk}").content.decode()
+    for listed in (by_name, by_id):
+        assert f"/executions/{data.failed.pk}/" in listed
+        assert "<span data-live-total>4</span> in all" in listed
+    unknown = browser.get("/executions/?job=no-such-job").content.decode()
+    assert 'value="no-such-job"' in unknown
+    assert f"/executions/{data.failed.pk}/" not in unknown
+    assert "data-live-total" not in unknown
+
+
+def test_a_costly_list_is_counted_one_row_past_its_page(login, data, monkeypatch):
+    """A text search, or the jobs' outcome filter, judges each row: such a list is counted only
+    far enough to offer the next page; the sort by outcome is offered while the jobs are few."""
+    browser = login("viewer")
+    with CaptureQueriesContext(connection) as captured:
+        page = browser.get("/jobs/?q=nightly").content.decode()
+    counts = [q["sql"] for q in captured.captured_queries if "COUNT(*) FROM (SELECT" in q["sql"]]
+    # The header's count of every job (capped), then the search's.
+    assert len(counts) == 2 and "LIKE" in counts[1] and "LIMIT 52" in counts[1].upper(), counts
+    assert "<span data-live-total>1</span> in all" in page
+    with CaptureQueriesContext(connection) as captured:
+        browser.get("/executions/?q=boom&page=2")
+    counts = [q["sql"] for q in captured.captured_queries if "COUNT(*) FROM (SELECT" in q["sql"]]
+    assert len(counts) == 1 and "LIMIT 102" in counts[0].upper(), counts
+
+    assert '<option value="outcome"' in browser.get("/jobs/").content.decode()
+    monkeypatch.setattr(jobs_views, "OUTCOME_SORT_LIMIT", 1)  # two jobs: too many to sort so
+    page = browser.get("/jobs/?sort=outcome").content.decode()
+    assert '<option value="outcome"' not in page
+    assert '<option value="name" selected>' in page

@@ -12,7 +12,7 @@ from django.utils.dateparse import parse_datetime
 
 from cluster.models import LeadershipTerm, SchedulerNode
 from cluster.services import ERR_NODE_NOT_RUNNING
-from jobs import schedules
+from jobs import schedules, services
 from jobs.models import AuditEvent, Job, JobExecution
 from jobs.services import (
     ERR_ALREADY_RETRIED,
@@ -864,3 +864,28 @@ def test_the_dashboard_header_links_to_the_api_docs_and_the_admin(client, make_u
     html = client.get("/").content.decode()
     assert 'href="/api/docs/"' in html
     assert 'href="/admin/"' in html
+
+
+@pytest.mark.django_db
+def test_a_list_is_counted_no_further_than_its_cap(admin_api, monkeypatch):
+    """Past COUNT_CAP a list says count_capped and counts the cap (the count reads no more rows
+    than that); the pages reach the first COUNT_CAP rows."""
+    from jobs.api import pagination
+
+    for n in range(3):
+        services.job_create(
+            data={
+                "name": f"capped-{n}",
+                "task": "noop",
+                "schedule_type": "interval",
+                "interval_seconds": 60,
+            },
+            by=services.SYSTEM,
+        )
+    listed = admin_api.get("/api/jobs/").json()
+    assert (listed["count"], listed["count_capped"]) == (3, False)
+    monkeypatch.setattr(pagination, "COUNT_CAP", 2)
+    listed = admin_api.get("/api/jobs/?page_size=1").json()
+    assert (listed["count"], listed["count_capped"], len(listed["results"])) == (2, True, 1)
+    assert admin_api.get("/api/jobs/?page_size=1&page=2").status_code == 200
+    assert admin_api.get("/api/jobs/?page_size=1&page=3").status_code == 404
