@@ -97,24 +97,12 @@ def _fill(jobs: int, runs: int, span_hours: float) -> dict[str, float]:
         "enabled": "(MOD(s.seq, 20) <> 0)",
         "next_fire_at": f"DATE_ADD(t.next_fire_at, INTERVAL MOD(s.seq, {interval}) SECOND)",
     }
-    select = ", ".join(values.get(c, f"t.`{c}`") for c in columns)
-    began = time.monotonic()
-    with connection.cursor() as cursor:
-        step = 250_000
-        for first in range(1, jobs + 1, step):
-            last = min(jobs, first + step - 1)
-            cursor.execute(
-                f"INSERT INTO {job_table} ({', '.join(f'`{c}`' for c in columns)}) "
-                f"SELECT {select} FROM seq_{first}_to_{last} s "
-                f"JOIN {job_table} t ON t.id = %s",
-                [base],
-            )
-            print(f"  jobs {last:,} / {jobs:,}  ({time.monotonic() - began:.0f} s)", flush=True)
-    timings["fill jobs (s)"] = time.monotonic() - began
+    timings["fill jobs (s)"] = _copy_template(job_table, columns, values, base, jobs, "jobs")
     first_job = base + 1
     # One audit event per job, as creating them through the batch service writes.
     audit_table = AuditEvent._meta.db_table
     began = time.monotonic()
+    step = 250_000
     with connection.cursor() as cursor:
         for first in range(1, jobs + 1, step):
             last = min(jobs, first + step - 1)
@@ -162,24 +150,38 @@ def _fill(jobs: int, runs: int, span_hours: float) -> dict[str, float]:
         "node": "CONCAT('node-', 1 + MOD(s.seq, 3))",
         "error": "CASE WHEN MOD(s.seq, 25) = 0 THEN 'ValueError: boom' ELSE '' END",
     }
-    run_select = ", ".join(run_values.get(c, f"t.`{c}`") for c in run_columns)
     began = time.monotonic()
+    _copy_template(run_table, run_columns, run_values, run.pk, runs, "runs")
     with connection.cursor() as cursor:
-        step = 250_000
-        for first in range(1, runs + 1, step):
-            last = min(runs, first + step - 1)
-            cursor.execute(
-                f"INSERT INTO {run_table} ({', '.join(f'`{c}`' for c in run_columns)}) "
-                f"SELECT {run_select} FROM seq_{first}_to_{last} s "
-                f"JOIN {run_table} t ON t.id = %s",
-                [run.pk],
-            )
-            print(f"  runs {last:,} / {runs:,}  ({time.monotonic() - began:.0f} s)", flush=True)
         cursor.execute(f"DELETE FROM {run_table} WHERE id = %s", [run.pk])
         cursor.execute(f"DELETE FROM {job_table} WHERE id = %s", [template.pk])
         cursor.execute(f"ANALYZE TABLE {job_table}, {run_table}, {audit_table}")
     timings["fill runs (s)"] = time.monotonic() - began
     return timings
+
+
+def _copy_template(
+    table: str, columns: list[str], values: dict[str, str], template_id: int, count: int, label: str
+) -> float:
+    """INSERT ``count`` copies of one template row, 250,000 a statement (``s.seq`` numbers them
+    from 1; ``values`` gives a column's SQL expression, the others copy the template's ``t``).
+    Returns the seconds it took."""
+    from django.db import connection
+
+    names = ", ".join(f"`{c}`" for c in columns)
+    select = ", ".join(values.get(c, f"t.`{c}`") for c in columns)
+    began = time.monotonic()
+    step = 250_000
+    with connection.cursor() as cursor:
+        for first in range(1, count + 1, step):
+            last = min(count, first + step - 1)
+            cursor.execute(
+                f"INSERT INTO {table} ({names}) SELECT {select} FROM seq_{first}_to_{last} s "
+                f"JOIN {table} t ON t.id = %s",
+                [template_id],
+            )
+            print(f"  {label} {last:,} / {count:,}  ({time.monotonic() - began:.0f} s)", flush=True)
+    return time.monotonic() - began
 
 
 def _pages() -> list[tuple[str, str]]:

@@ -27,7 +27,8 @@ from typing import Any
 
 from cluster import node_metrics
 from cluster.clock import Clock
-from jobs.models import Job, JobExecution
+from cluster.scheduler import earliest_next_fire
+from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
 
 logger = logging.getLogger(__name__)
@@ -58,12 +59,7 @@ def measure(*, now: datetime, threshold_s: float) -> Lag:
     enqueued for later included); within each queue and priority the oldest come first, so the
     lag it finds is the true one unless the first SAMPLE_LIMIT belong to one queue and priority,
     and then it is a lower bound."""
-    earliest = (
-        Job.objects.filter(enabled=True, next_fire_at__isnull=False)
-        .order_by("next_fire_at")
-        .values_list("next_fire_at", flat=True)
-        .first()
-    )
+    earliest = earliest_next_fire()
     fires_s = max(0.0, (now - earliest).total_seconds()) if earliest is not None else 0.0
     rows = list(
         JobExecution.objects.filter(status=ExecutionStatus.PENDING, claim_token__isnull=True)

@@ -34,6 +34,7 @@ from dashboard import live
 from jobs import registry
 from jobs import selectors as job_selectors
 from jobs.api.filters import AuditEventFilter, ExecutionFilter, JobFilter
+from jobs.api.pagination import capped_count
 from jobs.models import RECENT_FIRST, AuditEvent, Job, JobExecution
 from jobs.states import ACTIVE_STATES, TERMINAL_STATES, ExecutionStatus
 
@@ -107,10 +108,7 @@ def job_list_choices() -> dict[str, Any]:
             | set(Job.objects.order_by("task").values_list("task", flat=True).distinct())
         ),
         # Counted no further than JOBS_COUNT_CAP (a count of a million jobs reads them all).
-        "total": min(
-            total := Job.objects.order_by().values("pk")[: JOBS_COUNT_CAP + 1].count(),
-            JOBS_COUNT_CAP,
-        ),
+        "total": min(total := capped_count(Job.objects.all(), JOBS_COUNT_CAP), JOBS_COUNT_CAP),
         "total_capped": total > JOBS_COUNT_CAP,
         # Jobs created later have larger ids: the page tells them apart from edits.
         "max_job_id": Job.objects.aggregate(Max("id"))["id__max"] or 0,

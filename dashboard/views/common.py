@@ -6,12 +6,12 @@ from __future__ import annotations
 import zoneinfo
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import cached_property, wraps
+from functools import wraps
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Page, Paginator
+from django.core.paginator import Page
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils import timezone
@@ -19,6 +19,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from dashboard.selectors import node_pks
+from jobs.api.pagination import CappedCountPaginator
 from jobs.models import AuditSource, JobExecution
 from jobs.roles import ADMIN, OPERATOR, has_role, user_role
 from jobs.services import Actor
@@ -27,7 +28,7 @@ from jobs.validation import in_datetime_range
 
 S = ExecutionStatus
 PAGE_SIZE = 50
-# Lists count this many rows at most (CappedPaginator).
+# The dashboard's lists count this many rows at most (jobs.api.pagination.CappedCountPaginator).
 COUNT_CAP = 10_000
 # A text search longer than this is cut (it is a filter, not a document).
 MAX_SEARCH_CHARS = 200
@@ -94,30 +95,6 @@ def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
     return HttpResponseRedirect(target)
 
 
-class CappedPaginator(Paginator):
-    """Counts no further than ``cap`` rows: a list of ten million runs is counted as "more than
-    10,000" in the time it takes to read 10,001 index entries, not the whole table (a page of a
-    list reads only its own rows; the count was what grew with the history). Past the cap the
-    filters, not the page numbers, reach older rows."""
-
-    def __init__(self, object_list: QuerySet, per_page: int, *, cap: int) -> None:
-        super().__init__(object_list, per_page)
-        self.cap = cap
-
-    @cached_property
-    def seen(self) -> int:
-        # SELECT COUNT(*) FROM (SELECT ... LIMIT cap + 1): reads at most cap + 1 rows.
-        return self.object_list.order_by().values("pk")[: self.cap + 1].count()
-
-    @cached_property
-    def count(self) -> int:
-        return min(self.seen, self.cap)
-
-    @property
-    def capped(self) -> bool:
-        return self.seen > self.cap
-
-
 def paginate(
     request: HttpRequest, items: QuerySet, per_page: int = PAGE_SIZE, *, costly: bool = False
 ) -> Page:
@@ -128,7 +105,7 @@ def paginate(
     if costly:
         number = int_or_none(request.GET.get("page")) or 1
         cap = min(COUNT_CAP, number * per_page + 1)
-    return CappedPaginator(items, per_page, cap=cap).get_page(request.GET.get("page"))
+    return CappedCountPaginator(items, per_page, cap=cap).get_page(request.GET.get("page"))
 
 
 def query_without_page(request: HttpRequest) -> str:
