@@ -6,8 +6,12 @@ edited or resumed job its first slot (``jobs.services``); ``fires_kept`` is the 
 node applies when it admits a fire late (``cluster.admission``). Table-tested in
 ``tests/jobs/test_firing.py``.
 
-Misfires. A slot is *late* when it is more than the job's ``misfire_grace_seconds`` in the past
-(typically because no leader was alive). Then:
+A job's ``next_fire_at`` is when its next fire is *due*: the slot plus the job's stable spread
+offset (``spread_seconds``; none by default). The leader writes a fire when it is due, so a thousand
+jobs on one slot with a minute's spread are written over that minute, not all at its instant.
+
+Misfires. A slot is *late* when its due instant is more than the job's ``misfire_grace_seconds`` in
+the past (typically because no leader was alive). Then:
 
   run_once  one run for the most recent missed slot; the earlier ones are recorded as skipped;
   skip      every missed slot is recorded as skipped; the schedule continues from now;
@@ -94,17 +98,27 @@ def next_slot(schedule: Schedule, after: datetime) -> datetime | None:
 
 
 def first_fire(
-    schedule: Schedule, *, enabled: bool, now: datetime, last_fire: datetime | None = None
+    schedule: Schedule,
+    *,
+    enabled: bool,
+    now: datetime,
+    last_fire: datetime | None = None,
+    spread_s: float = 0.0,
 ) -> datetime | None:
-    """The first slot of a new, edited or resumed job, or None when paused or exhausted. A one-off
-    job is due at ``run_at`` even when that is a moment ago (the misfire policy decides what a late
-    fire means); a recurring one fires next after now, and after ``last_fire`` too (fires are
-    written ahead of their slot: the next slot after now may already have its row)."""
+    """When the first fire of a new, edited or resumed job is due (its slot plus the job's
+    ``spread_s``: the job's ``next_fire_at``), or None when paused or exhausted. A one-off job is
+    due at ``run_at`` even when that is a moment ago (the misfire policy decides what a late fire
+    means); a recurring one's next fire is the first due after now whose slot is after
+    ``last_fire`` too (fires are written ahead of their slot: the next one may already have its
+    row)."""
     if not enabled:
         return None
+    spread = timedelta(seconds=spread_s)
     if schedule.schedule_type == ScheduleType.ONCE:
-        return schedule.run_at
-    return next_slot(schedule, max(now, last_fire) if last_fire is not None else now)
+        return schedule.run_at + spread if schedule.run_at is not None else None
+    after = now - spread
+    slot = next_slot(schedule, max(after, last_fire) if last_fire is not None else after)
+    return slot + spread if slot is not None else None
 
 
 @dataclass(frozen=True)
@@ -119,6 +133,7 @@ class Fire:
 @dataclass(frozen=True)
 class FirePlan:
     fires: list[Fire] = field(default_factory=list)
+    # When the job's next fire is due (its slot plus its spread), or None: no fire left.
     next_fire_at: datetime | None = None
     # The newest slot planned to run (None: none; the job's last fire stays as it was).
     last_fire_at: datetime | None = None
@@ -162,14 +177,20 @@ def plan_fires(
     waiting: bool = False,
 ) -> FirePlan:
     """The fires of a job due by ``horizon``, as of ``now``: the runs to write, the slots to record
-    skipped (misfires, buffer_one) and the job's next slot. ``running``: a run of the job is
+    skipped (misfires, buffer_one) and when the job's next fire is due. ``running``: a run of the job is
     running; ``waiting``: one is already pending behind it (a buffer_one slot is skipped only when
     both hold: one run goes on, one waits, no more)."""
     spread = timedelta(seconds=policy.spread_s)
+    # ``next_fire_at`` is when the job's next fire is due: its slot plus the spread. The plan works
+    # on slots, so the instants move back by the spread too: a fire is written when it is due
+    # (not when its slot comes round, which for a thousand jobs spread over a minute would write
+    # them all at once), and it is late when it is more than the grace past its due instant.
+    now -= spread
+    horizon -= spread
     fires: list[Fire] = []
     last_fire_at: datetime | None = None
     unrecorded = 0
-    slot = next_fire_at
+    slot = next_fire_at - spread if next_fire_at is not None else None
     grace = timedelta(seconds=policy.misfire_grace_seconds)
     if slot is not None and now - slot > grace:
         keep = max(policy.run_all_max, 1) + MAX_RECORDED_MISSES
@@ -199,7 +220,10 @@ def plan_fires(
         count += 1
         slot = next_slot(schedule, slot)
     return FirePlan(
-        fires=fires, next_fire_at=slot, last_fire_at=last_fire_at, unrecorded_misses=unrecorded
+        fires=fires,
+        next_fire_at=slot + spread if slot is not None else None,
+        last_fire_at=last_fire_at,
+        unrecorded_misses=unrecorded,
     )
 
 

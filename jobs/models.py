@@ -77,7 +77,8 @@ class Job(models.Model):
     run_at = models.DateTimeField(null=True, blank=True)
 
     enabled = models.BooleanField(default=True)
-    # The next nominal fire slot; NULL when the schedule has no further fire or the job is paused.
+    # When the next fire is due: its slot plus the job's spread offset (jobs.firing); NULL when the
+    # schedule has no further fire or the job is paused.
     next_fire_at = models.DateTimeField(null=True, blank=True)
     last_fire_at = models.DateTimeField(null=True, blank=True)
 

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from jobs import bulk, events, executions, firing, registry, retention
+from jobs import bulk, events, executions, firing, registry, retention, schedules
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
@@ -41,7 +41,8 @@ ERR_CANNOT_RETRY = (
 ERR_ALREADY_RETRIED = "This fire slot already has a later attempt."
 ERR_VERSION_REQUIRED = "Required for updates: the version you last read (optimistic locking)."
 
-# Fields whose change moves the next fire time.
+# Fields whose change moves the next fire time (the name and the spread decide the job's offset
+# from its slots).
 SCHEDULE_INPUTS = (
     "schedule_type",
     "cron_expression",
@@ -49,6 +50,7 @@ SCHEDULE_INPUTS = (
     "interval_seconds",
     "start_at",
     "run_at",
+    "spread_seconds",
 )
 
 
@@ -129,13 +131,15 @@ def audit_event(
 def job_first_fire(
     values: dict[str, Any], *, now: datetime, last_fire: datetime | None = None
 ) -> datetime | None:
-    """The first fire slot of a (new or rescheduled) job's validated ``values``
-    (``jobs.firing.first_fire``)."""
+    """When the first fire of a (new or rescheduled) job's validated ``values`` is due: its slot
+    plus the job's spread (``jobs.firing.first_fire``)."""
+    spread = values.get("spread_seconds") or 0
     return firing.first_fire(
         firing.Schedule.from_values(values),
         enabled=bool(values.get("enabled")),
         now=now,
         last_fire=last_fire,
+        spread_s=schedules.spread_offset(values["name"], spread) if spread else 0.0,
     )
 
 
@@ -320,7 +324,9 @@ def job_update(
         "updated_at": now,
         "updated_by": by.user_or_none,
     }
-    if any(field in diff for field in (*SCHEDULE_INPUTS, "enabled")):
+    if any(field in diff for field in (*SCHEDULE_INPUTS, "enabled")) or (
+        values.get("spread_seconds") and "name" in diff
+    ):
         update["next_fire_at"] = job_first_fire(values, now=now, last_fire=job.last_fire_at)
         if (
             values["schedule_type"] == ScheduleType.ONCE

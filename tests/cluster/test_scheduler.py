@@ -16,7 +16,7 @@ from cluster import scheduler
 from cluster.fencing import ERR_FENCED, Fenced, fence_raise, tenure
 from cluster.node import LOOKAHEAD_S
 from cluster.scheduler import REASON_REPLACED, earliest_next_fire, scheduler_tick
-from jobs import schedules
+from jobs import schedules, services
 from jobs.firing import (
     MAX_RECORDED_MISSES,
     REASON_BUFFER_FULL,
@@ -133,18 +133,46 @@ def test_a_once_job_fires_once_and_then_has_no_next_fire():
     assert job.next_fire_at is None
 
 
-def test_spread_seconds_offsets_run_after_by_a_stable_per_job_amount():
+def test_a_spread_job_is_written_when_due_not_when_its_slot_comes_round():
     job = make_job("spread-me", spread_seconds=30)
     offset = timedelta(seconds=schedules.spread_offset("spread-me", 30))
-    assert timedelta(0) <= offset < timedelta(seconds=30)
+    assert SECOND < offset < 30 * SECOND  # the name's offset: far enough from the slot to tell
+    assert job.next_fire_at == T0 + offset  # when the fire is due, not its slot
 
-    scheduler_tick(term=TERM, now=T0 + SECOND)
-    scheduler_tick(term=TERM, now=T0 + MINUTE + SECOND)
+    assert scheduler_tick(term=TERM, now=T0 + SECOND).fired == 0  # the slot is past, not the due
+    scheduler_tick(term=TERM, now=T0 + offset)
+    scheduler_tick(term=TERM, now=T0 + MINUTE + offset)
 
     executions = rows(job)
     assert slots(executions) == [T0, T0 + MINUTE]
     # The same offset on every slot (and on every node: it is derived from the name, not hash()).
     assert [e.run_after - e.scheduled_for for e in executions] == [offset, offset]
+    job.refresh_from_db()
+    assert job.next_fire_at == T0 + 2 * MINUTE + offset
+
+
+def test_a_spread_fire_is_late_by_its_due_instant_not_its_slot():
+    """Grace 10 s, spread offset well past it: the tick that writes the fire a second after it is
+    due writes a run, not a misfire, though its slot is long past."""
+    job = make_job("spread-me", spread_seconds=30, misfire_grace_seconds=10)
+    offset = timedelta(seconds=schedules.spread_offset("spread-me", 30))
+    assert offset > 11 * SECOND
+    scheduler_tick(term=TERM, now=T0 + offset + SECOND)
+    [execution] = rows(job)
+    assert (execution.status, execution.scheduled_for) == (ExecutionStatus.PENDING, T0)
+
+
+def test_renaming_a_spread_job_moves_its_next_fire_to_the_new_offset():
+    job = make_job("spread-me", spread_seconds=30)
+    renamed = services.job_update(
+        job_id=job.pk,
+        changes={"name": "spread-you"},
+        expected_version=job.version,
+        by=services.SYSTEM,
+        now=T0 - 30 * SECOND,
+    )
+    offset = timedelta(seconds=schedules.spread_offset("spread-you", 30))
+    assert renamed.next_fire_at == T0 + offset
 
 
 def test_earliest_next_fire_is_the_earliest_enabled_job():

@@ -20,6 +20,7 @@ from jobs.firing import (
     first_fire,
     plan_fires,
 )
+from jobs.models import MisfirePolicy
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)  # a whole minute
 S = timedelta(seconds=1)
@@ -57,9 +58,37 @@ def test_every_slot_within_the_horizon_is_planned_up_to_a_bound():
     assert far.next_fire_at == T0 + MAX_FIRES_PER_PLAN * S
 
 
+SPREAD = timedelta(seconds=12.5)
+
+
 def test_a_spread_job_is_due_its_offset_after_each_slot():
-    plan = plan_fires(EVERY_MINUTE, Policy(spread_s=12.5), next_fire_at=T0, now=T0, horizon=T0 + S)
-    assert plan.fires == [Fire(T0, T0 + timedelta(seconds=12.5))]
+    plan = plan_fires(
+        EVERY_MINUTE, Policy(spread_s=12.5), next_fire_at=T0 + SPREAD, now=T0, horizon=T0 + SPREAD
+    )
+    assert plan.fires == [Fire(T0, T0 + SPREAD)]
+    assert plan.next_fire_at == T0 + 60 * S + SPREAD
+
+
+def test_a_spread_fire_is_planned_when_due_not_when_its_slot_comes_round():
+    early = plan_fires(
+        EVERY_MINUTE, Policy(spread_s=12.5), next_fire_at=T0 + SPREAD, now=T0, horizon=T0 + S
+    )
+    assert early.fires == [] and early.next_fire_at == T0 + SPREAD
+
+
+def test_a_spread_fire_is_late_from_its_due_instant():
+    """Grace 10 s: 20 s after the slot is 7.5 s after the due instant, a fire on time; 23 s after
+    it is 10.5 s late, a misfire (skip: recorded skipped)."""
+    policy = Policy(spread_s=12.5, misfire_grace_seconds=10, misfire_policy=MisfirePolicy.SKIP)
+    on_time = plan_fires(
+        EVERY_MINUTE, policy, next_fire_at=T0 + SPREAD, now=T0 + 20 * S, horizon=T0 + 20 * S
+    )
+    assert on_time.fires == [Fire(T0, T0 + SPREAD)]
+    late = plan_fires(
+        EVERY_MINUTE, policy, next_fire_at=T0 + SPREAD, now=T0 + 23 * S, horizon=T0 + 23 * S
+    )
+    assert late.fires == [Fire(T0, T0 + SPREAD, REASON_MISFIRE_SKIPPED)]
+    assert late.next_fire_at == T0 + 60 * S + SPREAD
 
 
 def test_a_one_off_job_fires_once():
@@ -246,6 +275,22 @@ def test_a_slot_in_the_repeated_hour_fires_once():
 )
 def test_first_fire(schedule, enabled, last_fire, expected):
     assert first_fire(schedule, enabled=enabled, now=T0, last_fire=last_fire) == expected
+
+
+def test_first_fire_of_a_spread_job_is_its_next_due_instant():
+    # 5 s after the slot T0, its fire (due at T0 + 12.5 s) is still to come.
+    assert first_fire(EVERY_MINUTE, enabled=True, now=T0 + 5 * S, spread_s=12.5) == T0 + SPREAD
+    assert (
+        first_fire(EVERY_MINUTE, enabled=True, now=T0 + 13 * S, spread_s=12.5)
+        == T0 + 60 * S + SPREAD
+    )
+    # Resumed after the fire of T0 was written: the next slot's.
+    assert (
+        first_fire(EVERY_MINUTE, enabled=True, now=T0 + 5 * S, last_fire=T0, spread_s=12.5)
+        == T0 + 60 * S + SPREAD
+    )
+    once = Schedule("once", run_at=T0)
+    assert first_fire(once, enabled=True, now=T0, spread_s=12.5) == T0 + SPREAD
 
 
 def test_first_fire_of_a_jobs_values_matches_the_service():
