@@ -93,6 +93,11 @@ REAP_INTERVAL_S = 0.25
 # How often the leader's notifier looks for runs that ended badly and sends what is due.
 NOTIFY_INTERVAL_S = 1.0
 LEADER_TICK_EARLY_S = 0.4
+# A leader whose fires fall due continuously (thousands of jobs spread over their interval) writes
+# them in passes at most this often, each carrying what fell due meanwhile, rather than a pass per
+# fire or two: the look-ahead (LOOKAHEAD_S + LEADER_TICK_EARLY_S) still writes every fire more than
+# a second before it is due with the default look-ahead.
+LEADER_PASS_MIN_S = 0.2
 # How often a node audits the rows it holds against what it tracks (executor.reconcile).
 RECONCILE_INTERVAL_S = 2.0
 # A node that has claimed nothing for this long because it is full or cannot confirm its
@@ -623,7 +628,8 @@ class NodeRunner:
         until_due = (
             (earliest - self._now()).total_seconds() - self.config.lookahead_s - LEADER_TICK_EARLY_S
         )
-        return max(0.0, min(LEADER_MAX_SLEEP_S, until_due))
+        wait = max(0.0, min(LEADER_MAX_SLEEP_S, until_due))
+        return max(wait, LEADER_PASS_MIN_S) if result.fired or result.skipped else wait
 
     def notify_once(self) -> float:
         """The leader's notifier (a thread of its own: a slow webhook never delays a fire). A node
@@ -659,7 +665,9 @@ class NodeRunner:
                 for message in self.backend.subscribe(announce.WAKE_CHANNEL, self.stop_event):
                     if message == announce.LEASE_RELEASED:
                         self.elector.poke()
-                    self._wake_leader.set()
+                    if message != self.config.node_id:
+                        # Not its own fires' wake-up: the leader's pass paces itself.
+                        self._wake_leader.set()
                     self._wake_claim.set()
             except Exception as exc:
                 logger.warning("wake subscription failed: %s", exc, extra=self._log_extra)
@@ -675,7 +683,8 @@ class NodeRunner:
         claimed = self.executor.claim_once()
         self._note_claim_idle(self.executor.idle_reason)
         if claimed:
-            return 0.0
+            # A full claim goes again at once; one that took all that was due, a little later.
+            return self.executor.next_claim_in or 0.0
         if self.executor.next_claim_in is not None:
             return self.executor.next_claim_in
         return self.config.claim_poll_s

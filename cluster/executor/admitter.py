@@ -1,14 +1,11 @@
 """Admission of a batch of claimed runs: gather the facts for the whole batch, ask the pure rule
-(``cluster.admission``) about each run, mark the ones to start running (one statement per due
-instant) and launch them; skip, hand back or keep waiting the others."""
+(``cluster.admission``) about each run, mark the ones to start running (one statement per
+batch) and launch them; skip, hand back or keep waiting the others."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from datetime import UTC, datetime, timedelta
-
-from django.db import transaction
 
 from cluster import admission
 from cluster.admission import Decision, HandBack, Lock, Skip, Start, Wait
@@ -85,7 +82,7 @@ class Admitter:
         """The facts are gathered for the whole batch (the later due fires of late runs' jobs, a
         job lock attempt per forbid run, one query for blocking runs, one read of live nodes, one
         query for older fires), each run is admitted, the ones to start are marked running in one
-        statement per instant, and the ones told to wait go back to the waiting room, not to a
+        statement, and the ones told to wait go back to the waiting room, not to a
         thread of their own: a node that is behind pays less per run, not more."""
         host = self.host
         now = host.clock.now()
@@ -206,7 +203,7 @@ class Admitter:
         self.forget(execution.pk)
 
     def start(self, starts: list[tuple[Scheduled, LockWatchdog | None]]) -> None:
-        """Mark the admitted runs running (one statement per due instant) and launch them."""
+        """Mark the admitted runs running (one statement) and launch them."""
         host, books = self.host, self.books
         if not host.claiming:
             # Draining: nothing new starts; the batch goes back to the queue for another node.
@@ -216,22 +213,19 @@ class Admitter:
                 executions.hand_back(item.execution)
                 self.forget(item.execution.pk)
             return
-        # Marked running just before the due instant, one statement per planned start (runs
-        # already due share one: now), all in one transaction: one commit per batch, not one per
-        # run (runs enqueued together are due a microsecond apart, and a commit costs
-        # milliseconds). A row cancelled or taken meanwhile does not match and does not start.
+        # Marked running just before the due instant, in one statement whatever their instants
+        # (runs already due start now): one commit per batch, not one per run or per instant
+        # (runs of jobs spread over their interval are due microseconds apart, and a commit
+        # costs milliseconds). A row cancelled or taken meanwhile does not match and does not
+        # start.
         now = host.clock.now()
-        by_planned: dict[float, list[Scheduled]] = {}
-        for item, _ in starts:
-            by_planned.setdefault(max(item.due, now), []).append(item)
-        won: set[int] = set()
-        # One instant (the usual case) is one statement, committed by itself.
-        with contextlib.nullcontext() if len(by_planned) == 1 else transaction.atomic():
-            for planned, group in by_planned.items():
-                won |= executions.start_batch(
-                    [item.execution for item in group],
-                    planned=datetime.fromtimestamp(planned, tz=UTC),
-                )
+        won = executions.start_batch(
+            [item.execution for item, _ in starts],
+            planned={
+                item.execution.pk: datetime.fromtimestamp(max(item.due, now), tz=UTC)
+                for item, _ in starts
+            },
+        )
         runs: list[ActiveRun] = []
         for item, lock in starts:
             execution = item.execution

@@ -28,6 +28,11 @@ GUARDED_POLICIES = (ConcurrencyPolicy.FORBID, ConcurrencyPolicy.BUFFER_ONE)
 # at a time spent more of the machine on claiming than on running them.
 CLAIM_GATHER_SHARE = 0.5
 CLAIM_GATHER_S = 0.005
+# A claim that took fewer runs than it had room for took everything due within its look-ahead:
+# the next pass comes at most this soon (seconds; a wake-up, new runs written, comes at once).
+# When runs fall due continuously (jobs spread over their interval) each pass then carries what
+# fell due meanwhile, rather than a claim, with its round trips, per run or two.
+CLAIM_PASS_MIN_S = 0.05
 
 
 class Claimer:
@@ -137,6 +142,8 @@ class Claimer:
         if not claimed:
             self.idle_reason = "nothing due"
             return 0
+        if len(claimed) < free:
+            self.next_claim_in = CLAIM_PASS_MIN_S
         started: list[ActiveRun] = []
         with books.lock:
             # A drain that began while the claim waited for the database (SQLite's write

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -43,6 +43,11 @@ S = ExecutionStatus
 WORKER_IDLE_S = 30.0
 # Event.wait may overshoot by a millisecond or so: sleep to this close to the instant, then spin.
 SPIN_S = 0.0015
+# An instant shared by this many runs or more gets a gate (one thread spins to its instant and
+# releases them all); a run alone on its instant (jobs spread over their interval are due
+# microseconds apart) sleeps to it in its own thread, spinning nothing: a spin of SPIN_S per run,
+# a thousand runs a second, was most of a node's CPU.
+GATE_MIN_RUNS = 2
 # A gated task also starts by itself this long after its instant if the gate never opens.
 GATE_SLACK_S = 0.05
 # How long a finished child process is waited for (seconds).
@@ -82,13 +87,16 @@ class Runner(Protocol):
         ...
 
 
-def wait_until(clock: Clock, instant: float) -> None:
-    """Return at the wall-clock ``instant`` (to well under a millisecond). A real clock only."""
+def wait_until(clock: Clock, instant: float, *, spin_s: float = SPIN_S) -> None:
+    """Return at the wall-clock ``instant``: sleep to ``spin_s`` before it, then spin (to well under
+    a millisecond). With ``spin_s`` 0, only sleep (the sleep's own overshoot, a tenth of a
+    millisecond on an idle machine, and no CPU spent). A real clock only."""
     remaining = instant - clock.now()
-    if remaining > SPIN_S:
-        clock.sleep(remaining - SPIN_S)
+    if remaining > spin_s:
+        clock.sleep(remaining - spin_s)
     while clock.now() < instant:
-        pass
+        if not spin_s:
+            clock.sleep(max(0.0, instant - clock.now()))
 
 
 class Workers:
@@ -215,9 +223,10 @@ class _Turns:
 
 class ThreadRunner:
     """A worker thread per run due ahead or process-isolated (reused, see ``Workers``). One gate per
-    due instant still ahead: a single thread waits for the instant and opens it, and every task due
-    then is released together (many threads spinning on the clock would fight over the GIL and
-    delay each other). Runs already due start at once, with no gate, taking turns on a few threads
+    due instant still ahead that several runs share: a single thread waits for the instant and
+    opens it, and every task due then is released together (many threads spinning on the clock
+    would fight over the GIL and delay each other); a run alone on its instant sleeps to it. Runs
+    already due start at once, with no gate, taking turns on a few threads
     (``Workers.submit_in_turn``: none waits much longer than three ticks of 10 ms)."""
 
     def __init__(self) -> None:
@@ -226,8 +235,9 @@ class ThreadRunner:
     def launch(self, host: RunHost, runs: list[ActiveRun]) -> None:
         gates: dict[float, threading.Event] = {}
         now = host.clock.now()
+        sharing = Counter(run.due for run in runs if run.due > now)
         for run in runs:
-            if run.due <= now:
+            if run.due <= now or sharing[run.due] < GATE_MIN_RUNS:
                 continue
             if run.due not in gates:
                 gate = gates[run.due] = threading.Event()
@@ -237,7 +247,7 @@ class ThreadRunner:
         for run in runs:
             if run.execution.job.isolation == Isolation.PROCESS:
                 self.workers.submit(_with_context, body_in_process, host, run)
-            elif run.gate is None:
+            elif run.gate is None and run.due <= now:
                 in_turn.append(functools.partial(_with_context, body_in_thread, host, run))
             else:
                 self.workers.submit(_with_context, body_in_thread, host, run)
@@ -267,7 +277,7 @@ def _wait_for_start(clock: Clock, run: ActiveRun) -> None:
     if run.gate is not None:
         run.gate.wait(max(0.0, run.due - clock.now()) + GATE_SLACK_S)
     else:
-        wait_until(clock, run.due)
+        wait_until(clock, run.due, spin_s=0.0)  # alone on its instant, or due already
 
 
 def body_in_thread(host: RunHost, run: ActiveRun) -> None:

@@ -1,6 +1,8 @@
 """The starter: takes the claimed runs due within PREPARE_AHEAD_S (and the waiting runs due for
 another look) as one batch and has it admitted, in a thread of its own: at most PREPARE_WORKERS
-batches at once, so one stuck on a cut connection holds up no other."""
+batches at once, so one stuck on a cut connection holds up no other. A preparer thread that has
+nothing left waits PREPARER_LINGER_S for the next batch, keeping its database connection, before
+it ends: runs falling due continuously are admitted without a thread and a connection each."""
 
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ STARTER_IDLE_S = 0.5
 # a fixed pool of two: a batch stuck on a connection cut mid-query (up to the database read
 # timeout) must not hold up the batches behind it (a chaos run saw runs 35 s late that way).
 PREPARE_WORKERS = 4
+# An idle preparer thread waits this long for the next batch before it ends and closes its
+# database connection (seconds).
+PREPARER_LINGER_S = 2.0
+# When runs fall due continuously (jobs spread over their interval), the starter takes them in
+# passes at most this often, each carrying every run due within PREPARE_AHEAD_S, rather than one
+# pass per run: each run is still admitted more than PREPARE_AHEAD_S - STARTER_PASS_MIN_S ahead.
+STARTER_PASS_MIN_S = 0.05
 
 
 class Starter:
@@ -50,6 +59,7 @@ class Starter:
         self.woken = threading.Event()
         self._queue: queue.Queue[list[Scheduled]] = queue.Queue()
         self._preparers = 0  # admission threads running
+        self._idle = 0  # of those, waiting for a batch
 
     def counts(self) -> dict[str, int]:
         with self.books.lock:
@@ -79,51 +89,53 @@ class Starter:
                 self._dispatch(batch)
         if next_at is None:
             return STARTER_IDLE_S
-        return max(0.0, next_at - now)
+        delay = max(0.0, next_at - now)
+        return max(delay, STARTER_PASS_MIN_S) if batch and not self.inline else delay
 
     def _dispatch(self, batch: list[Scheduled]) -> None:
-        """Admit ``batch`` in a thread of its own, or queue it when PREPARE_WORKERS threads are
-        already admitting (the first of them to finish takes it)."""
+        """Queue ``batch`` for a preparer: one waiting for work takes it, or a new one is started
+        when fewer than PREPARE_WORKERS are running (the first of them to be free takes it
+        otherwise)."""
         with self.books.lock:
-            spawn = self._preparers < PREPARE_WORKERS
+            self._queue.put(batch)
+            spawn = self._idle == 0 and self._preparers < PREPARE_WORKERS
             if spawn:
                 self._preparers += 1
-            else:
-                self._queue.put(batch)
         if spawn:
-            self._spawn(batch)
+            self._spawn()
 
-    def _spawn(self, batch: list[Scheduled]) -> None:
-        threading.Thread(
-            target=self._preparer, args=(batch,), name=f"{self.node_id}:prepare", daemon=True
-        ).start()
+    def _spawn(self) -> None:
+        threading.Thread(target=self._preparer, name=f"{self.node_id}:prepare", daemon=True).start()
 
-    def _preparer(self, batch: list[Scheduled] | None) -> None:
-        """Admit ``batch``, then whatever queued meanwhile; end (and close the connection) when
-        nothing is left."""
+    def _next_batch(self) -> list[Scheduled] | None:
+        """The next queued batch, waiting up to PREPARER_LINGER_S; None: this preparer ends (it
+        is no longer counted, so the next batch starts another)."""
+        with self.books.lock:
+            self._idle += 1
         try:
-            while batch is not None:
+            batch = self._queue.get(timeout=PREPARER_LINGER_S)
+        except queue.Empty:
+            batch = None
+        with self.books.lock:
+            self._idle -= 1
+            if batch is None:
+                # A batch queued between the timeout and this line counted on this thread.
                 try:
+                    batch = self._queue.get_nowait()
+                except queue.Empty:
+                    self._preparers -= 1
+        return batch
+
+    def _preparer(self) -> None:
+        """Admit queued batches until none comes for PREPARER_LINGER_S; then end and close the
+        connection."""
+        try:
+            while (batch := self._next_batch()) is not None:
+                try:
+                    close_old_connections()  # one broken by an earlier batch is not reused
                     self._admit(batch)
                 except Exception:
                     logger.exception("admission of a batch failed", extra={"node": self.node_id})
                     close_old_connections()
-                try:
-                    batch = self._queue.get_nowait()
-                except queue.Empty:
-                    batch = None
         finally:
             connection.close()
-            with self.books.lock:
-                self._preparers -= 1
-                # A batch queued between our last look and this line has no thread yet.
-                leftover = None
-                if self._preparers < PREPARE_WORKERS:
-                    try:
-                        leftover = self._queue.get_nowait()
-                    except queue.Empty:
-                        leftover = None
-                    if leftover is not None:
-                        self._preparers += 1
-            if leftover is not None:
-                self._spawn(leftover)

@@ -10,11 +10,12 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Case, DateTimeField, Value, When
 from django.utils.timezone import now as timezone_now
 
 from jobs import bulk, events
@@ -355,10 +356,14 @@ def promote_due_retries(*, horizon: datetime) -> int:
 # --- starting -----------------------------------------------------------------------------------------
 
 
-def start_batch(group: list[JobExecution], *, planned: datetime) -> set[int]:
-    """pending -> running for the runs due together, in one statement, just ahead of their
-    instant (write-ahead: a run may start only once the row says so). Returns the ids that won; a
-    row cancelled or taken meanwhile does not match and must not start.
+def start_batch(
+    group: list[JobExecution], *, planned: datetime | Mapping[int, datetime]
+) -> set[int]:
+    """pending -> running for a batch of claimed runs, in one statement, just ahead of their
+    instants (write-ahead: a run may start only once the row says so). ``planned``: the instant
+    every run starts, or each run's own by id (runs of jobs spread over their interval are due
+    microseconds apart: one statement still, its ``started_at`` chosen per row). Returns the ids
+    that won; a row cancelled or taken meanwhile does not match and must not start.
 
     A row matches on its id and the claim token this writer holds. Every token names its own
     row ("<batch>-<id>"), so "id in ids and token in tokens" is the same condition as "(id,
@@ -369,9 +374,23 @@ def start_batch(group: list[JobExecution], *, planned: datetime) -> set[int]:
     check_transition(S.PENDING, S.RUNNING)
     ids = [e.pk for e in group]
     tokens = [e.claim_token for e in group]
+    instants = (
+        dict.fromkeys(ids, planned)
+        if isinstance(planned, datetime)
+        else {i: planned[i] for i in ids}
+    )
+    distinct = set(instants.values())
+    started_at: Any = (
+        next(iter(distinct))
+        if len(distinct) == 1
+        else Case(
+            *(When(pk=pk, then=Value(instant)) for pk, instant in instants.items()),
+            output_field=DateTimeField(),
+        )
+    )
     updated = JobExecution.objects.filter(
         pk__in=ids, claim_token__in=tokens, status=S.PENDING
-    ).update(status=S.RUNNING, started_at=planned)
+    ).update(status=S.RUNNING, started_at=started_at)
     if updated == len(group):
         won = set(ids)
     else:
@@ -382,7 +401,7 @@ def start_batch(group: list[JobExecution], *, planned: datetime) -> set[int]:
         )
     for execution in group:
         if execution.pk in won:
-            execution.status, execution.started_at = S.RUNNING, planned
+            execution.status, execution.started_at = S.RUNNING, instants[execution.pk]
     announce_many([(e.pk, e.job_id, S.RUNNING) for e in group if e.pk in won])
     return won
 

@@ -465,6 +465,26 @@ def test_start_batch_starts_the_claimed_rows_and_not_one_cancelled_meanwhile():
     assert start_batch([claimed[0]], planned=planned) == set()
 
 
+def test_start_batch_gives_each_run_its_own_instant_in_one_statement():
+    """Runs of spread jobs are due microseconds apart: one UPDATE starts them all, each with its
+    own started_at."""
+    job = make_job(concurrency_policy="allow")
+    for k in range(3):
+        add_execution(job, slot=timezone.now() - (k + 1) * SECOND)
+    claimed = claim()
+    base = timezone.now().replace(microsecond=0)
+    planned = {e.pk: base + k * timedelta(microseconds=137) for k, e in enumerate(claimed)}
+
+    with CaptureQueriesContext(connection) as queries:
+        won = start_batch(claimed, planned=planned)
+
+    assert won == set(planned)
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["UPDATE"]
+    stored = dict(JobExecution.objects.values_list("pk", "started_at"))
+    assert stored == planned
+    assert {e.pk: e.started_at for e in claimed} == planned
+
+
 def test_finish_uses_the_actual_start_time_when_given():
     job = make_job()
     execution = running_execution(job)
