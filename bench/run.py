@@ -102,7 +102,9 @@ def read_records(path: Path) -> list[tuple[str, float, int, float, int]]:
 
 
 class Environment:
-    def __init__(self, database_url: str, workdir: Path, *, pin_cpus: bool = True) -> None:
+    def __init__(
+        self, database_url: str, workdir: Path, *, pin_cpus: bool = True, recreate: bool = True
+    ) -> None:
         self.workdir = workdir
         # Node i pinned to the i-th CPU in turn (runnode --cpus; see cluster.affinity).
         self.cpus = sorted(os.sched_getaffinity(0)) if pin_cpus else []
@@ -123,7 +125,8 @@ class Environment:
         }
         os.environ.update({k: v for k, v in self.env.items() if k != "SCHEDULER_REDIS_PREFIX"})
         os.environ["DJANGO_SETTINGS_MODULE"] = "scheduler_project.settings"
-        self._create_database()
+        if recreate:
+            self._create_database()
         import django
 
         django.setup()
