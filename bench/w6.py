@@ -11,7 +11,8 @@ The jobs are J interval jobs of ``bench.record`` with interval = J / R seconds a
 stable offset from its slot). They are written once through the batch service (what
 ``POST /api/jobs/batch/`` does) into the database ``sched_w6`` (``--keep`` starts from the jobs
 already there, with their runs deleted). Each run starts N nodes (capacity 64, pinned to the CPUs
-in turn), waits one interval (the warm-up: every job has fired once), and then measures a window:
+in turn), waits one interval (the warm-up: every job has fired once) and on to the next slot
+instant (``--warmup S``: S seconds instead), and then measures a window:
 
 - due: the fires whose due instant (slot + the job's offset) falls in the window, counted from the
   schedule itself, not from what the cluster wrote;
@@ -53,7 +54,7 @@ def _job_name(index: int) -> str:
     return f"w6-{index:07d}"
 
 
-def create_jobs(count: int, interval: int, path: Path) -> float:
+def create_jobs(count: int, interval: int, path: Path, policy: str) -> float:
     """``count`` jobs through the batch service; returns the seconds it took."""
     from jobs import services
 
@@ -69,6 +70,7 @@ def create_jobs(count: int, interval: int, path: Path) -> float:
                     "schedule_type": "interval",
                     "interval_seconds": interval,
                     "spread_seconds": interval - 1,
+                    "concurrency_policy": policy,
                 }
                 for index in range(start, min(count, start + chunk))
             ],
@@ -160,6 +162,8 @@ def run_once(
     nodes: int,
     window_s: float,
     keep: bool,
+    warmup_s: float | None = None,
+    policy: str = "forbid",
     profile: Path | None = None,
 ) -> dict[str, Any]:
     from jobs import schedules
@@ -172,7 +176,7 @@ def run_once(
     created_s = None
     if not (keep and existing == jobs):
         prefix = env.reset()
-        created_s = create_jobs(jobs, interval, path)
+        created_s = create_jobs(jobs, interval, path, policy)
     else:
         from cluster.models import ClusterFence, CoordinationLease, LeadershipTerm, SchedulerNode
 
@@ -182,30 +186,24 @@ def run_once(
         env.prefix_count += 1
         prefix = f"w6{os.getpid()}n{env.prefix_count}"
         os.environ["SCHEDULER_REDIS_PREFIX"] = prefix
-        # The jobs' next fires restart from now (the runs of the last measurement are gone): the
-        # next slot, shared by every job, plus each job's spread offset, which MariaDB computes
-        # as jobs.schedules.spread_offset does (the first 8 bytes of the name's SHA-256, modulo
-        # the spread in microseconds).
+        # The jobs' next fires restart from now (the runs of the last measurement are gone):
+        # each job's first due instant (slot + its spread offset) at least a few seconds ahead.
+        # MariaDB computes the offset as jobs.schedules.spread_offset does: the first 8 bytes of
+        # the name's SHA-256, modulo the spread in microseconds.
         from django.db import connection
-        from django.utils import timezone
 
-        from jobs import services
-
-        slot = services.job_first_fire(
-            {
-                "name": "w6",
-                "schedule_type": "interval",
-                "interval_seconds": interval,
-                "enabled": True,
-            },
-            now=timezone.now(),
+        soon = time.time() + 3
+        slot = _aware(math.floor(soon / interval) * interval)
+        offset = (
+            "CAST(CONV(LEFT(SHA2(name, 256), 16), 16, 10) AS UNSIGNED) "
+            "MOD (spread_seconds * 1000000)"
         )
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE jobs_job SET last_fire_at = NULL, next_fire_at = DATE_ADD(%s, INTERVAL "
-                "CAST(CONV(LEFT(SHA2(name, 256), 16), 16, 10) AS UNSIGNED) "
-                "MOD (spread_seconds * 1000000) MICROSECOND) WHERE name LIKE 'w6-%%'",
-                [slot],
+                f"UPDATE jobs_job SET last_fire_at = NULL, concurrency_policy = %s, next_fire_at = "
+                f"DATE_ADD(%s, INTERVAL {offset} + IF({offset} < %s, %s, 0) MICROSECOND) "
+                "WHERE name LIKE 'w6-%%'",
+                [policy, slot, int((soon - slot.timestamp()) * 1e6), interval * 1_000_000],
             )
         # The jobs write where they were told when they were created.
         path = Path(
@@ -222,10 +220,13 @@ def run_once(
     try:
         leader, _term = wait_for_leader(60)
         warm_began = time.time()
-        # A warm-up of at least one interval (every job has fired once), and the window opens on
-        # a slot instant, when every job's next slot comes round at once: the hardest moment for
-        # a scheduler that writes fires by slot rather than by due instant.
-        window_start = math.ceil((warm_began + interval) / interval) * interval
+        if warmup_s is None:
+            # A warm-up of one interval (every job has fired once), and the window opens on a
+            # slot instant, when every job's next slot comes round at once: the hardest moment
+            # for a scheduler that writes fires by slot rather than by due instant.
+            window_start = math.ceil((warm_began + interval) / interval) * interval
+        else:
+            window_start = math.ceil(warm_began + warmup_s)
         time.sleep(max(0.0, window_start - 3 - time.time()))
         node_pids = {node_id: p.pid for node_id, p in cluster.processes.items()}
         leader, _term = wait_for_leader(5)
@@ -263,6 +264,7 @@ def run_once(
     return {
         "jobs": jobs,
         "interval_s": interval,
+        "concurrency_policy": policy,
         "offered_per_s": jobs / interval,
         "nodes": nodes,
         "jobs_created_s": created_s,
@@ -296,6 +298,18 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[3])
     parser.add_argument("--window", type=float, default=40.0, help="seconds measured")
     parser.add_argument("--keep", action="store_true", help="reuse the jobs already defined")
+    parser.add_argument(
+        "--policy",
+        default="forbid",
+        choices=["forbid", "allow", "buffer_one", "replace"],
+        help="the jobs' concurrency policy (default forbid, the jobs' own default)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        help="seconds before the window (default: one interval, and the window opens on a slot "
+        "instant)",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
         "--profile",
@@ -328,6 +342,8 @@ def main() -> None:
                 nodes=count,
                 window_s=args.window,
                 keep=args.keep or index > 0,
+                warmup_s=args.warmup,
+                policy=args.policy,
                 profile=args.profile / f"nodes{count}" if args.profile else None,
             )
             results["runs"].append(run)

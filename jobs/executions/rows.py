@@ -13,14 +13,15 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Model
 
 from jobs.models import Job, JobExecution
 
 
 @functools.cache
-def row_loader(vendor: str) -> Callable[[tuple], JobExecution]:
-    """A function from a row (every concrete column, in order) to an instance, equal to what the
-    ORM reads (the test of claimed rows compares every field).
+def row_loader(vendor: str, model: type[Model] = JobExecution) -> Callable[[tuple], Any]:
+    """A function from a row of ``model`` (every concrete column, in order) to an instance, equal
+    to what the ORM reads (the tests of claimed rows and of cached jobs compare every field).
 
     The instance is made without ``Model.__init__`` (its generic handling of positional, keyword
     and deferred values cost more than the row's query): its attributes are set in its
@@ -31,7 +32,7 @@ def row_loader(vendor: str) -> Callable[[tuple], JobExecution]:
     other column or engine goes through the converters themselves."""
     from django.db.models.base import ModelState
 
-    fields = JobExecution._meta.concrete_fields
+    fields = model._meta.concrete_fields
     names = [field.attname for field in fields]
     dates: list[int] = []
     documents: list[int] = []
@@ -47,7 +48,7 @@ def row_loader(vendor: str) -> Callable[[tuple], JobExecution]:
         elif specialised and kind == "BooleanField":
             flags.append(index)
         else:
-            column = field.get_col(JobExecution._meta.db_table)
+            column = field.get_col(model._meta.db_table)
             functions = connection.ops.get_db_converters(column) + column.get_db_converters(
                 connection
             )
@@ -55,10 +56,10 @@ def row_loader(vendor: str) -> Callable[[tuple], JobExecution]:
                 generic.append((index, column, functions))
     alias = connection.alias
     conn = connection
-    new = JobExecution.__new__
+    new = model.__new__
     loads = json.loads
 
-    def load(row: tuple) -> JobExecution:
+    def load(row: tuple) -> Any:
         values = list(row)
         for index in dates:
             value = values[index]
@@ -78,11 +79,11 @@ def row_loader(vendor: str) -> Callable[[tuple], JobExecution]:
             for function in functions:
                 value = function(value, column, conn)
             values[index] = value
-        execution = new(JobExecution)
-        state = execution._state = ModelState()
+        instance = new(model)
+        state = instance._state = ModelState()
         state.adding, state.db = False, alias
-        execution.__dict__.update(zip(names, values, strict=True))
-        return execution
+        instance.__dict__.update(zip(names, values, strict=True))
+        return instance
 
     return load
 
@@ -102,8 +103,12 @@ def attach_jobs(rows: list[JobExecution], stamps: dict[int, tuple[Any, Any]] | N
 
 
 class _JobCache:
-    """Jobs as the claims last read them, checked against their rows' ``version`` (every edit of
-    a definition raises it) and ``updated_at`` (every write of the row stamps it) before use."""
+    """Jobs as the claims last read them, checked against their rows' ``version`` before use:
+    every edit of a definition, a pause and a resume raise it. The leader's advance of a job's
+    fire times does not (it stamps ``updated_at`` for the dashboard), and a run reads neither:
+    with the stamp in the check, every fire made its job's entry stale, and at 100,000 jobs
+    every claimed run read its job again through the ORM. A miss reads the jobs' rows with the
+    row loader, not the ORM."""
 
     # Forget everything past this many jobs (a bound, not a policy: claims read again).
     LIMIT = 10_000
@@ -126,11 +131,11 @@ class _JobCache:
         with self._lock:
             for pk, stamp in stamps.items():
                 cached = self._jobs.get(pk)
-                if cached is not None and cached[0] == stamp:
+                if cached is not None and cached[0][0] == stamp[0]:
                     found[pk] = cached[1]
         stale = set(stamps) - set(found)
         if stale:
-            fresh = Job.objects.in_bulk(stale)
+            fresh = self._read(stale)
             found.update(fresh)
             with self._lock:
                 if len(self._jobs) + len(fresh) > self.LIMIT:
@@ -138,6 +143,18 @@ class _JobCache:
                 for pk, job in fresh.items():
                     self._jobs[pk] = (stamps[pk], job)
         return found
+
+    @staticmethod
+    def _read(ids: set[int]) -> dict[int, Job]:
+        """The jobs of ``ids``, every column, as the ORM would read them (one query)."""
+        q = connection.ops.quote_name
+        columns = ", ".join(q(field.column) for field in Job._meta.concrete_fields)
+        marks = ", ".join(["%s"] * len(ids))
+        sql = f"SELECT {columns} FROM {q(Job._meta.db_table)} WHERE {q('id')} IN ({marks})"  # noqa: S608
+        load = row_loader(connection.vendor, Job)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, list(ids))
+            return {job.pk: job for job in map(load, cursor.fetchall())}
 
     @staticmethod
     def _stamps(ids: set[int]) -> dict[int, tuple[Any, Any]]:

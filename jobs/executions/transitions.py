@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Case, DateTimeField, Value, When
 from django.utils.timezone import now as timezone_now
 
 from jobs import bulk, events
@@ -379,18 +378,18 @@ def start_batch(
         if isinstance(planned, datetime)
         else {i: planned[i] for i in ids}
     )
-    distinct = set(instants.values())
-    started_at: Any = (
-        next(iter(distinct))
-        if len(distinct) == 1
-        else Case(
-            *(When(pk=pk, then=Value(instant)) for pk, instant in instants.items()),
-            output_field=DateTimeField(),
-        )
+    quote = connection.ops.quote_name
+    stamp = timezone_now()  # updated_at: readers (the dashboard) ask "what changed since"
+    updated = bulk.update(
+        JobExecution,
+        [
+            (pk, {"status": S.RUNNING, "started_at": instants[pk], "updated_at": stamp})
+            for pk in ids
+        ],
+        ("status", "started_at", "updated_at"),
+        where=f"{quote('status')} = %s AND {quote('claim_token')} IN ({', '.join(['%s'] * len(ids))})",
+        where_params=[S.PENDING, *tokens],
     )
-    updated = JobExecution.objects.filter(
-        pk__in=ids, claim_token__in=tokens, status=S.PENDING
-    ).update(status=S.RUNNING, started_at=started_at)
     if updated == len(group):
         won = set(ids)
     else:

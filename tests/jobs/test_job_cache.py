@@ -1,0 +1,83 @@
+"""The claims' per-process job cache (jobs/executions/rows.py): jobs read by the row loader equal
+the ORM's, an entry survives the leader's advance of the job's fire times, and an edit (a new
+version) is read again."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from jobs import services
+from jobs.executions.rows import _JobCache
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+def _job(name: str = "cached", **fields: object) -> Job:
+    return services.job_create(
+        data={
+            "name": name,
+            "task": "log",
+            "schedule_type": "interval",
+            "interval_seconds": 60,
+            "kwargs": {"message": "héllo", "level": "warning"},
+            "spread_seconds": 30,
+            "timeout_seconds": 5,
+            **fields,
+        },
+        by=services.SYSTEM,
+    )
+
+
+def _stamps(*jobs: Job) -> dict[int, tuple[object, object]]:
+    return {
+        pk: (version, updated)
+        for pk, version, updated in Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list(
+            "pk", "version", "updated_at"
+        )
+    }
+
+
+def test_a_job_read_by_the_cache_equals_the_orms_in_every_field() -> None:
+    job = _job(retry_jitter=False, enabled=True)
+    [cached] = _JobCache().current({job.pk}).values()
+    orm = Job.objects.get(pk=job.pk)
+    for field in Job._meta.concrete_fields:
+        assert getattr(cached, field.attname) == getattr(orm, field.attname), field.name
+        assert type(getattr(cached, field.attname)) is type(getattr(orm, field.attname)), field.name
+    assert cached.kwargs == {"message": "héllo", "level": "warning"}
+    assert cached._state.adding is False
+
+
+def test_the_leaders_advance_of_fire_times_keeps_the_entry() -> None:
+    job = _job()
+    cache = _JobCache()
+    first = cache.current({job.pk}, _stamps(job))[job.pk]
+    job.next_fire_at = job.next_fire_at + timedelta(minutes=1)
+    job.last_fire_at = timezone.now()
+    services.jobs_advance(jobs=[job], now=timezone.now() + timedelta(seconds=1))
+    stamps = _stamps(job)
+    with CaptureQueriesContext(connection) as queries:
+        again = cache.current({job.pk}, stamps)[job.pk]
+    assert again is first
+    assert queries.captured_queries == []
+
+
+def test_an_edit_is_read_again() -> None:
+    job = _job()
+    cache = _JobCache()
+    cache.current({job.pk}, _stamps(job))
+    edited = services.job_update(
+        job_id=job.pk,
+        changes={"kwargs": {"message": "changed"}},
+        expected_version=job.version,
+        by=services.SYSTEM,
+    )
+    assert cache.current({job.pk}, _stamps(edited))[job.pk].kwargs == {"message": "changed"}
+    paused, _ = services.job_set_enabled(job_id=job.pk, enabled=False, by=services.SYSTEM)
+    assert cache.current({job.pk}, _stamps(paused))[job.pk].enabled is False
