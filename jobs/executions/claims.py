@@ -75,7 +75,7 @@ def claim_batch(
     candidates = [row[0] for row in found]
     # The jobs' version stamps, read with the candidates (a query of their own in the claim's
     # transaction before): a job is read again only when its row changed since it was cached.
-    stamps = {job_id: (version, updated) for _, job_id, version, updated in found}
+    stamps = {job_id: (version, created) for _, job_id, version, created in found}
     picked_ids: set[int] = set()
     with driver.transaction_script() as script:
         claimed = _lock_claimable(script, sql, candidates, queue_marks, due, limit)
@@ -229,7 +229,7 @@ class _ClaimSQL:
         return _ClaimSQL(
             candidates=(
                 f"SELECT c.{q('id')}, c.{q('job_id')}, j.{q('version')}, "  # noqa: S608
-                f"j.{q('updated_at')} FROM ({look}) c JOIN {jobs} j ON j.{q('id')} = "
+                f"j.{q('created_at')} FROM ({look}) c JOIN {jobs} j ON j.{q('id')} = "
                 f"c.{q('job_id')} {look_order}"
             ),
             ordered=f"SELECT {columns} FROM {table} WHERE {where} {order}",  # noqa: S608

@@ -90,7 +90,7 @@ def row_loader(vendor: str, model: type[Model] = JobExecution) -> Callable[[tupl
 
 def attach_jobs(rows: list[JobExecution], stamps: dict[int, tuple[Any, Any]] | None = None) -> None:
     """Give each execution its job: one instance per job (not a copy per row, as a join would
-    build), from this process's cache when the job's row still carries the version and update
+    build), from this process's cache when the job's row still carries the version and creation
     stamp it was cached with (``stamps``, read with the claim's candidates; else one small query
     for the batch), else read again with the ORM."""
     ids = {row.job_id for row in rows}
@@ -103,12 +103,13 @@ def attach_jobs(rows: list[JobExecution], stamps: dict[int, tuple[Any, Any]] | N
 
 
 class _JobCache:
-    """Jobs as the claims last read them, checked against their rows' ``version`` before use:
-    every edit of a definition, a pause and a resume raise it. The leader's advance of a job's
-    fire times does not (it stamps ``updated_at`` for the dashboard), and a run reads neither:
-    with the stamp in the check, every fire made its job's entry stale, and at 100,000 jobs
-    every claimed run read its job again through the ORM. A miss reads the jobs' rows with the
-    row loader, not the ORM."""
+    """Jobs as the claims last read them, checked against their rows' ``version`` and
+    ``created_at`` before use: every edit of a definition, a pause and a resume raise the version,
+    and the creation stamp tells a job from another that got its id (a rolled-back test's id
+    given again). The leader's advance of a job's fire times raises neither (it stamps
+    ``updated_at`` for the dashboard), and a run reads none of them: with ``updated_at`` in the
+    check, every fire made its job's entry stale, and at 100,000 jobs every claimed run read its
+    job again through the ORM. A miss reads the jobs' rows with the row loader, not the ORM."""
 
     # Forget everything past this many jobs (a bound, not a policy: claims read again).
     LIMIT = 10_000
@@ -131,7 +132,7 @@ class _JobCache:
         with self._lock:
             for pk, stamp in stamps.items():
                 cached = self._jobs.get(pk)
-                if cached is not None and cached[0][0] == stamp[0]:
+                if cached is not None and cached[0] == stamp:
                     found[pk] = cached[1]
         stale = set(stamps) - set(found)
         if stale:
@@ -161,12 +162,12 @@ class _JobCache:
         q = connection.ops.quote_name
         marks = ", ".join(["%s"] * len(ids))
         sql = (
-            f"SELECT {q('id')}, {q('version')}, {q('updated_at')} FROM {q(Job._meta.db_table)} "  # noqa: S608
+            f"SELECT {q('id')}, {q('version')}, {q('created_at')} FROM {q(Job._meta.db_table)} "  # noqa: S608
             f"WHERE {q('id')} IN ({marks})"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, list(ids))
-            return {pk: (version, updated) for pk, version, updated in cursor.fetchall()}
+            return {pk: (version, created) for pk, version, created in cursor.fetchall()}
 
 
 _job_cache = _JobCache()

@@ -38,7 +38,7 @@ def _stamps(*jobs: Job) -> dict[int, tuple[object, object]]:
     return {
         pk: (version, updated)
         for pk, version, updated in Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list(
-            "pk", "version", "updated_at"
+            "pk", "version", "created_at"
         )
     }
 
@@ -81,3 +81,18 @@ def test_an_edit_is_read_again() -> None:
     assert cache.current({job.pk}, _stamps(edited))[job.pk].kwargs == {"message": "changed"}
     paused, _ = services.job_set_enabled(job_id=job.pk, enabled=False, by=services.SYSTEM)
     assert cache.current({job.pk}, _stamps(paused))[job.pk].enabled is False
+
+
+def test_a_job_given_the_id_of_a_cached_one_is_read_again() -> None:
+    """Same id, same version, another job (a rolled-back transaction's id given again): the
+    creation stamp tells them apart."""
+    job = _job()
+    cache = _JobCache()
+    cache.current({job.pk}, _stamps(job))
+    pk = job.pk
+    Job.objects.filter(pk=pk).delete()
+    other = _job("other", concurrency_policy="allow")
+    Job.objects.filter(pk=other.pk).update(id=pk)
+    reused = Job.objects.get(pk=pk)
+    assert reused.version == job.version
+    assert cache.current({pk}, _stamps(reused))[pk].name == "other"
