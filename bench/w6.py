@@ -194,13 +194,12 @@ def run_once(
 
         soon = time.time() + 3
         slot = _aware(math.floor(soon / interval) * interval)
-        offset = (
-            "CAST(CONV(LEFT(SHA2(name, 256), 16), 16, 10) AS UNSIGNED) "
-            "MOD (spread_seconds * 1000000)"
-        )
+        spread_us = (interval - 1) * 1_000_000
+        offset = f"CAST(CONV(LEFT(SHA2(name, 256), 16), 16, 10) AS UNSIGNED) MOD {spread_us}"
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE jobs_job SET last_fire_at = NULL, concurrency_policy = %s, next_fire_at = "
+                f"UPDATE jobs_job SET last_fire_at = NULL, concurrency_policy = %s, "
+                f"interval_seconds = {interval}, spread_seconds = {interval - 1}, next_fire_at = "
                 f"DATE_ADD(%s, INTERVAL {offset} + IF({offset} < %s, %s, 0) MICROSECOND) "
                 "WHERE name LIKE 'w6-%%'",
                 [policy, slot, int((soon - slot.timestamp()) * 1e6), interval * 1_000_000],
@@ -255,6 +254,8 @@ def run_once(
         load = os.getloadavg()
     finally:
         peak = connections.stop() if connections else None
+        if peak is not None:  # the budget of this run's node count
+            peak["budget"] = nodes * peak["per_node_budget"] + 2
         cluster.stop()
     due = due_in(offsets, interval, window_start, window_end)
     lags, duplicates = read_window(path, offsets, window_start, window_end)
