@@ -107,7 +107,7 @@ def read_window(
                 continue
             key = (name, float(slot))
             seen[key] += 1
-            if key not in first_start or float(started) < first_start[key]:
+            if key not in first_start or float(started) - due < first_start[key]:
                 first_start[key] = float(started) - due
     lags = [lag * 1000 for lag in first_start.values()]
     return lags, sum(n - 1 for n in seen.values())
