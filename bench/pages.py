@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -102,10 +103,8 @@ def _fill(jobs: int, runs: int, span_hours: float) -> dict[str, float]:
     # One audit event per job, as creating them through the batch service writes.
     audit_table = AuditEvent._meta.db_table
     began = time.monotonic()
-    step = 250_000
     with connection.cursor() as cursor:
-        for first in range(1, jobs + 1, step):
-            last = min(jobs, first + step - 1)
+        for first, last in _seq_ranges(jobs):
             cursor.execute(
                 f"INSERT INTO {audit_table} (actor_name, action, object_type, object_id, "
                 "object_repr, changes, source, created_at) "
@@ -160,6 +159,13 @@ def _fill(jobs: int, runs: int, span_hours: float) -> dict[str, float]:
     return timings
 
 
+def _seq_ranges(count: int, step: int = 250_000) -> Iterator[tuple[int, int]]:
+    """1..``count`` in ranges of ``step``: the bounds of the ``seq_<first>_to_<last>`` tables
+    (MariaDB's sequence engine) that number the rows of one INSERT ... SELECT."""
+    for first in range(1, count + 1, step):
+        yield first, min(count, first + step - 1)
+
+
 def _copy_template(
     table: str, columns: list[str], values: dict[str, str], template_id: int, count: int, label: str
 ) -> float:
@@ -171,10 +177,8 @@ def _copy_template(
     names = ", ".join(f"`{c}`" for c in columns)
     select = ", ".join(values.get(c, f"t.`{c}`") for c in columns)
     began = time.monotonic()
-    step = 250_000
     with connection.cursor() as cursor:
-        for first in range(1, count + 1, step):
-            last = min(count, first + step - 1)
+        for first, last in _seq_ranges(count):
             cursor.execute(
                 f"INSERT INTO {table} ({names}) SELECT {select} FROM seq_{first}_to_{last} s "
                 f"JOIN {table} t ON t.id = %s",

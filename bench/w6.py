@@ -123,7 +123,7 @@ def overdue_jobs(now: float) -> int:
 def _profile(
     directory: Path | None, node_pids: dict[str, int], leader: str, seconds: float
 ) -> list[subprocess.Popen]:
-    """py-spy (``pip install py-spy``) sampling the leader and one other node over the window, as
+    """py-spy (in requirements-bench.txt) sampling the leader and one other node over the window, as
     collapsed stacks (``DIR/<node>.txt``, one line per stack and its sample count)."""
     if directory is None:
         return []
@@ -322,6 +322,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 1 or args.rate <= 0 or min(args.nodes) < 1 or args.window <= 0:
         parser.error("--jobs, --rate, --nodes and --window must be positive")
+    if args.profile and not Path(sys.executable).with_name("py-spy").exists():
+        parser.error("--profile needs py-spy: pip install -r requirements-bench.txt")
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
     if not database_url.startswith("mysql"):
         parser.error("W6 measures MariaDB (BENCH_DATABASE_URL=mysql://...)")

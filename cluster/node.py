@@ -682,12 +682,11 @@ class NodeRunner:
         self.pace.judge_claims()
         claimed = self.executor.claim_once()
         self._note_claim_idle(self.executor.idle_reason)
-        if claimed:
-            # A full claim goes again at once; one that took all that was due, a little later.
-            return self.executor.next_claim_in or 0.0
+        # The claimer says when to look again (a claim that took all that was due, a node
+        # gathering room); else a full claim goes again at once and an empty one polls.
         if self.executor.next_claim_in is not None:
             return self.executor.next_claim_in
-        return self.config.claim_poll_s
+        return 0.0 if claimed else self.config.claim_poll_s
 
     def _note_claim_idle(self, reason: str | None) -> None:
         """Log, at most every CLAIM_IDLE_LOG_S, that this node has claimed nothing for a reason of

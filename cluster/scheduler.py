@@ -35,12 +35,7 @@ DEFAULT_BATCH_SIZE = 500
 # thousand jobs' JSON a second for nothing was a share of the leader's pass).
 PLAN_FIELDS = (
     "name",
-    "schedule_type",
-    "cron_expression",
-    "timezone",
-    "interval_seconds",
-    "start_at",
-    "run_at",
+    *services.SCHEDULE_INPUTS,
     "enabled",
     "next_fire_at",
     "last_fire_at",
@@ -50,7 +45,6 @@ PLAN_FIELDS = (
     "concurrency_policy",
     "queue",
     "priority",
-    "spread_seconds",
 )
 REASON_REPLACED = "replaced by a newer fire (replace)"
 
