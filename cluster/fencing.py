@@ -35,34 +35,34 @@ class Fenced(Exception):
         self.current = current
 
 
-def _ensure_fence_row() -> None:
-    if not ClusterFence.objects.filter(name=FENCE_NAME).exists():
+def _ensure_fence_row(fence: str) -> None:
+    if not ClusterFence.objects.filter(name=fence).exists():
         try:
             with transaction.atomic():
-                ClusterFence.objects.create(name=FENCE_NAME, term=0)
+                ClusterFence.objects.create(name=fence, term=0)
         except IntegrityError:
             pass  # another node created it first
 
 
-def fence_raise(term: int, holder: str) -> bool:
+def fence_raise(term: int, holder: str, *, fence: str = FENCE_NAME) -> bool:
     """Record ``term``, held by ``holder``, as the newest. False if storage has already seen a
     newer term, or this very term held by another holder: a term is never minted twice, so a
     coordination store that restarted without its counter cannot hand out a term again.
 
     ``holder`` names one tenure, not just a node (see ``tenure``): the same node winning the
     restarted store's counter again gets the term it held before, and must be refused too."""
-    _ensure_fence_row()
+    _ensure_fence_row(fence)
     with transaction.atomic():
         stored, stored_holder = (
             ClusterFence.objects.select_for_update()
-            .filter(name=FENCE_NAME)
+            .filter(name=fence)
             .values_list("term", "holder")
             .get()
         )
         if stored > term or (stored == term and stored_holder not in ("", holder)):
             return False
         if stored < term:
-            ClusterFence.objects.filter(name=FENCE_NAME).update(term=term, holder=holder)
+            ClusterFence.objects.filter(name=fence).update(term=term, holder=holder)
     return True
 
 
@@ -72,23 +72,22 @@ def tenure(node_id: str, lease_token: str) -> str:
     return f"{lease_token} {node_id}"[:128]
 
 
-def fence_current() -> int:
-    return ClusterFence.objects.filter(name=FENCE_NAME).values_list("term", flat=True).first() or 0
+def fence_current(fence: str = FENCE_NAME) -> int:
+    return ClusterFence.objects.filter(name=fence).values_list("term", flat=True).first() or 0
 
 
 @contextmanager
-def fenced_transaction(term: int) -> Iterator[None]:
-    """A transaction that commits only if ``term`` is still the newest term (raises Fenced)."""
+def fenced_transaction(term: int, *, fence: str = FENCE_NAME) -> Iterator[None]:
+    """A transaction that commits only if ``term`` is still the newest term of ``fence`` (each
+    scheduling partition has its own: cluster.partitions), else raises Fenced."""
     with transaction.atomic():
         stored = (
             ClusterFence.objects.select_for_update()
-            .filter(name=FENCE_NAME)
+            .filter(name=fence)
             .values_list("term", flat=True)
             .first()
         )
         if stored is not None and stored > term:
             raise Fenced(term, stored)
-        ClusterFence.objects.filter(name=FENCE_NAME).update(
-            writes=F("writes") + 1, writer_term=term
-        )
+        ClusterFence.objects.filter(name=fence).update(writes=F("writes") + 1, writer_term=term)
         yield

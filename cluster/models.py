@@ -50,7 +50,10 @@ class TermEndReason(models.TextChoices):
 
 
 class LeadershipTerm(models.Model):
-    term = models.BigIntegerField(unique=True)  # = the fencing token
+    # Each scheduling partition has terms of its own (cluster.partitions); partition 0's leader
+    # also owns the cluster-wide work (reaping, notifications, retries).
+    partition = models.PositiveSmallIntegerField(default=0)
+    term = models.BigIntegerField()  # = the partition's fencing token
     node_id = models.CharField(max_length=128)
     acquired_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -58,9 +61,13 @@ class LeadershipTerm(models.Model):
 
     class Meta:
         ordering = ["-term"]
+        constraints = [
+            models.UniqueConstraint(fields=["partition", "term"], name="term_unique_per_partition")
+        ]
 
     def __str__(self) -> str:
-        return f"term {self.term} ({self.node_id})"
+        where = f"partition {self.partition} " if self.partition else ""
+        return f"{where}term {self.term} ({self.node_id})"
 
 
 class ClusterFence(models.Model):

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from cluster import tracing
+from cluster import partitions, tracing
 from cluster.fencing import fenced_transaction
 from jobs import executions, firing, services
 from jobs.models import (
@@ -114,25 +114,29 @@ def scheduler_tick(
     now: datetime | None = None,
     lookahead: timedelta = timedelta(0),
     batch_size: int = DEFAULT_BATCH_SIZE,
+    partition: int = 0,
 ) -> TickResult:
-    """One fenced pass: create the executions of every job due before now + lookahead."""
+    """One pass of a partition's leader, fenced by the partition's fence: create the executions of
+    every job of the partition due before now + lookahead. Partition 0's pass also promotes the
+    retries that fell due (cluster-wide)."""
     now = now or timezone.now()
     horizon = now + lookahead
     result = TickResult()
+    due = Job.objects.filter(partition=partition, enabled=True, next_fire_at__lte=horizon)
     # Look before taking locks (the fence row, and SQLite's database-wide write lock).
     if not (
-        Job.objects.filter(enabled=True, next_fire_at__lte=horizon).exists()
-        or JobExecution.objects.filter(
-            status=ExecutionStatus.RETRY_SCHEDULED, run_after__lte=horizon
-        ).exists()
+        due.exists()
+        or (
+            partition == 0
+            and JobExecution.objects.filter(
+                status=ExecutionStatus.RETRY_SCHEDULED, run_after__lte=horizon
+            ).exists()
+        )
     ):
         return result
-    with fenced_transaction(term):
+    with fenced_transaction(term, fence=partitions.fence_name(partition)):
         jobs = list(
-            Job.objects.select_for_update()
-            .filter(enabled=True, next_fire_at__lte=horizon)
-            .order_by("next_fire_at", "pk")
-            .only(*PLAN_FIELDS)[:batch_size]
+            due.select_for_update().order_by("next_fire_at", "pk").only(*PLAN_FIELDS)[:batch_size]
         )
         if jobs:
             earliest = min(j.next_fire_at for j in jobs if j.next_fire_at is not None)
@@ -178,7 +182,8 @@ def scheduler_tick(
             result.fired_ids = [r.pk for r in created if r.status == ExecutionStatus.PENDING]
             result.more = len(jobs) == batch_size
             traced = created if tracing.enabled() else []
-        result.promoted = executions.promote_due_retries(horizon=horizon)
+        if partition == 0:
+            result.promoted = executions.promote_due_retries(horizon=horizon)
     if jobs and traced:
         names = {job.pk: job.name for job in jobs}
         tracing.fires(  # committed: the fires exist
@@ -193,11 +198,9 @@ def scheduler_tick(
     return result
 
 
-def earliest_next_fire() -> datetime | None:
-    """The next instant any enabled job is due (one index lookup)."""
-    return (
-        Job.objects.filter(enabled=True, next_fire_at__isnull=False)
-        .order_by("next_fire_at")
-        .values_list("next_fire_at", flat=True)
-        .first()
-    )
+def earliest_next_fire(partition: int | None = None) -> datetime | None:
+    """The next instant any enabled job (of ``partition``, or of any) is due (one index lookup)."""
+    jobs = Job.objects.filter(enabled=True, next_fire_at__isnull=False)
+    if partition is not None:
+        jobs = jobs.filter(partition=partition)
+    return jobs.order_by("next_fire_at").values_list("next_fire_at", flat=True).first()

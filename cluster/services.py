@@ -219,33 +219,34 @@ def term_begin(
     node_id: str,
     now: datetime,
     end_reason_of: Callable[[str], TermEndReason],
+    partition: int = 0,
 ) -> None:
-    """The term's row, from ``now``. Older terms still open end now, each with the reason its
-    holder's state gives (``end_reason_of(node_id)``: its presence gone, cut off from the database,
-    or lease lost): their holders could not close them themselves. Call after the fence was raised
-    to ``term`` (``cluster.fencing.fence_raise``)."""
+    """The term's row, from ``now``. Older terms of the partition still open end now, each with
+    the reason its holder's state gives (``end_reason_of(node_id)``: its presence gone, cut off
+    from the database, or lease lost): their holders could not close them themselves. Call after
+    the partition's fence was raised to ``term`` (``cluster.fencing.fence_raise``)."""
     with transaction.atomic():
-        for old in LeadershipTerm.objects.filter(ended_at__isnull=True, term__lt=term).order_by(
-            "term"
-        ):
+        for old in LeadershipTerm.objects.filter(
+            partition=partition, ended_at__isnull=True, term__lt=term
+        ).order_by("term"):
             if LeadershipTerm.objects.filter(pk=old.pk, ended_at__isnull=True).update(
                 ended_at=now, end_reason=end_reason_of(old.node_id)
             ):
                 _announce("term", old.term, "ended")
         _, created = LeadershipTerm.objects.get_or_create(
-            term=term, defaults={"node_id": node_id, "acquired_at": now}
+            partition=partition, term=term, defaults={"node_id": node_id, "acquired_at": now}
         )
         if created:
             _announce("term", term, "began")
 
 
-def term_end(*, term: int, reason: TermEndReason, now: datetime) -> bool:
+def term_end(*, term: int, reason: TermEndReason, now: datetime, partition: int = 0) -> bool:
     """The leader's own term ended, and why. Only an open term is closed (the next leader may
     have closed it first). True if this call closed it."""
     with transaction.atomic():
-        closed = LeadershipTerm.objects.filter(term=term, ended_at__isnull=True).update(
-            ended_at=now, end_reason=reason
-        )
+        closed = LeadershipTerm.objects.filter(
+            partition=partition, term=term, ended_at__isnull=True
+        ).update(ended_at=now, end_reason=reason)
         if closed:
             _announce("term", term, "ended")
     return bool(closed)

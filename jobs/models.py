@@ -61,6 +61,18 @@ class Trigger(models.TextChoices):
     ENQUEUE = "enqueue", "Enqueued"
 
 
+class SchedulerSetting(models.Model):
+    """A value every process must agree on, kept in the database rather than in each process's
+    settings: ``partitions`` (how many scheduling partitions the jobs are split into;
+    jobs.partitioning)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    value = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.value}"
+
+
 class Job(models.Model):
     name = models.CharField(max_length=200, unique=True)
     description = models.TextField(blank=True, default="")
@@ -102,6 +114,9 @@ class Job(models.Model):
     priority = models.IntegerField(default=0)
     queue = models.CharField(max_length=64, default="default")
     spread_seconds = models.PositiveIntegerField(default=0)
+    # Which scheduling partition fires this job (cluster.partitions: a stable function of its
+    # name, below the cluster's partition count); 0 with one partition.
+    partition = models.PositiveSmallIntegerField(default=0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -119,6 +134,8 @@ class Job(models.Model):
         indexes = [
             # The scheduler asks "which enabled jobs are due": this index answers without a scan.
             models.Index(fields=["enabled", "next_fire_at"], name="job_due_idx"),
+            # A partition's leader asks the same of its own jobs.
+            models.Index(fields=["partition", "enabled", "next_fire_at"], name="job_part_due_idx"),
             models.Index(fields=["task"], name="job_task_idx"),
             models.Index(fields=["updated_at"], name="job_updated_idx"),
         ]

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from jobs import bulk, events, executions, firing, registry, retention, schedules
+from jobs import bulk, events, executions, firing, partitioning, registry, retention, schedules
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
@@ -176,6 +176,7 @@ def job_create(*, data: dict[str, Any], by: Actor, now: datetime | None = None) 
                 created_by=by.user_or_none,
                 updated_by=by.user_or_none,
             )
+            partitioning.assign([job])
             job.save()
             audit_record(
                 by=by,
@@ -247,6 +248,7 @@ def jobs_create_batch(*, items: list[Any], by: Actor, now: datetime | None = Non
         )
         for _, values in cleaned
     ]
+    partitioning.assign(jobs)
     try:
         with transaction.atomic():
             bulk.insert_instances(jobs)
@@ -324,6 +326,8 @@ def job_update(
         "updated_at": now,
         "updated_by": by.user_or_none,
     }
+    if "name" in diff:
+        update["partition"] = partitioning.of_name(values["name"], partitioning.count())
     if any(field in diff for field in (*SCHEDULE_INPUTS, "enabled")) or (
         values.get("spread_seconds") and "name" in diff
     ):

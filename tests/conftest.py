@@ -33,7 +33,12 @@ def _fresh_cache() -> Iterator[None]:
     from dashboard.selectors import settled_minutes
 
     settled_minutes.clear()
+    # The partition count is cached per process: a test that set it rolled its row back.
+    from jobs import partitioning
+
+    partitioning.forget_count()
     yield
+    partitioning.forget_count()
 
 
 @pytest.fixture(scope="session")
