@@ -110,6 +110,7 @@ class LeaderElector:
         on_stopped_leading: Callable[[Lease, str], None] | None = None,
         on_new_leader: Callable[[str], None] | None = None,
         can_lead: Callable[[], bool] | None = None,
+        poked: threading.Event | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -130,8 +131,9 @@ class LeaderElector:
         # After release(), followers get one lease TTL to take over before we campaign again.
         self._campaign_after = -math.inf
         self._observed_leader: str | None = None
-        # Set by poke(): the loop steps now instead of at its next retry.
-        self._poked = threading.Event()
+        # Set by poke(): the loop steps now instead of at its next retry (an event shared by the
+        # electors one loop steps together: cluster.partitions).
+        self._poked = poked or threading.Event()
         # The longest a renewal has taken from when it was due (lateness + round trip), seconds.
         self.slowest_renewal_s = 0.0
         self._warned_at = -math.inf

@@ -43,7 +43,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from cluster import announce, conf, node_metrics, reaper, scheduler, selectors, services
+from cluster import announce, conf, node_metrics, partitions, reaper, scheduler, selectors, services
 from cluster.behind import BehindWatch
 from cluster.clock import Clock, ReferenceClock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
@@ -55,14 +55,16 @@ from cluster.logcontext import process_context, set_process_context
 from cluster.membership import Membership
 from cluster.models import NodeStatus, SchedulerNode, TermEndReason
 from cluster.pace import SLOW_PATH, Pace
+from cluster.partitions import Seat
 from cluster.services import Beat
 from cluster.timesync import TimeKeeper
-from jobs import notifications
+from jobs import notifications, partitioning
 
 logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-LEASE_NAME = "scheduler-leader"
+# Partition 0's lease: the cluster leader's (cluster.partitions).
+LEASE_NAME = partitions.LEADER_LEASE
 # The node's knobs' defaults live in cluster.conf (the one home of each, checked there).
 HEARTBEAT_INTERVAL_S: float = conf.default("HEARTBEAT_S")
 # The presence TTL: a node that has not renewed its presence for this long is dead to the cluster
@@ -90,6 +92,12 @@ CLAIM_POLL_S = 0.1
 LEADER_MAX_SLEEP_S = 0.25
 # How often the leader looks for expired presences (one backend read when nobody died).
 REAP_INTERVAL_S = 0.25
+# How often a node looks at which nodes can lead (the share of partitions it should lead), and
+# how often partition 0's leader moves jobs whose partition is out of range (seconds).
+BALANCE_VIEW_S = 0.5
+SWEEP_INTERVAL_S = 5.0
+# How often a node checks that the cluster's partition count is still the one it started with.
+PARTITION_CHECK_S = 5.0
 # How often the leader's notifier looks for runs that ended badly and sends what is due.
 NOTIFY_INTERVAL_S = 1.0
 LEADER_TICK_EARLY_S = 0.4
@@ -270,17 +278,23 @@ class NodeRunner:
         # finishes its work.
         self._election_stop = threading.Event()
         self.draining = False
-        self._leading = threading.Event()
-        self._term: int | None = None
-        self._term_events: queue.Queue[tuple[str, Lease, str]] = queue.Queue()
         self._term_events_lock = threading.Lock()
+        # Every elector of this node steps in one election loop, woken by this.
+        self._election_poked = threading.Event()
+        self.partition_count = 1
+        self.seats: list[Seat] = []
+        self._balance: tuple[float, int, int | None] = (float("-inf"), 1, None)
+        self._next_hand_back = 0.0
+        self._last_sweep = float("-inf")
+        self._last_partition_check = self.clock.monotonic()
         self._wake_leader = threading.Event()
         self._wake_claim = threading.Event()
         self._last_reap = 0.0
+        # Set by a wake-up from outside (a job changed): every led partition passes at once.
+        self._woken = False
         self._notifier: notifications.Notifier | None = None
         self._last_reconcile = self.clock.monotonic()
         self._idle_since: tuple[str, float] | None = None
-        self._ended_term: int | None = None
         self._idle_logged = float("-inf")
         self._threads: list[threading.Thread] = []
         self.membership = Membership(
@@ -306,16 +320,7 @@ class NodeRunner:
         )
         self.executor.on_room = self._wake_claim.set
         self.executor.database_able = self.database.able
-        self.elector = LeaderElector(
-            self.backend,
-            LEASE_NAME,
-            config.node_id,
-            config.election,
-            clock=self.clock,
-            on_started_leading=self._started_leading,
-            on_stopped_leading=self._stopped_leading,
-            can_lead=lambda: self.pace.can_lead(),
-        )
+        self._add_seats(1)
         self.pace = Pace(
             node_id=config.node_id,
             clock=self.clock,
@@ -323,7 +328,7 @@ class NodeRunner:
             executor=self.executor,
             live_nodes=self._live_nodes,
             is_leader=lambda: self.is_leader,
-            hand_over=self.elector.poke,
+            hand_over=self._election_poked.set,
         )
         self.behind = BehindWatch(
             node_id=config.node_id,
@@ -338,7 +343,34 @@ class NodeRunner:
         return datetime.fromtimestamp(self.clock.now(), tz=UTC)
 
     # --- registration and heartbeat ------------------------------------------------------------------
+    def _add_seats(self, total: int) -> None:
+        """An elector for each partition up to ``total`` (partition 0's exists from the start)."""
+        for partition in range(len(self.seats), total):
+            seat = Seat(partition, elector=None)  # type: ignore[arg-type]
+            seat.elector = LeaderElector(
+                self.backend,
+                partitions.lease_name(partition),
+                self.config.node_id,
+                self.config.election,
+                clock=self.clock,
+                on_started_leading=lambda lease, seat=seat: self._started_leading(seat, lease),
+                on_stopped_leading=lambda lease, why, seat=seat: self._stopped_leading(
+                    seat, lease, why
+                ),
+                can_lead=lambda: self.pace.can_lead(),
+                poked=self._election_poked,
+            )
+            self.seats.append(seat)
+        self.partition_count = max(self.partition_count, total)
+
+    @property
+    def elector(self) -> LeaderElector:
+        """Partition 0's elector: the cluster leader's."""
+        return self.seats[0].elector
+
     def register(self) -> SchedulerNode:
+        # The cluster's partition count, before this node campaigns for any of them.
+        self._add_seats(partitioning.count(fresh=True))
         # Present in the backend before the row says "active": the reaper never sees an active
         # node without a presence unless it is dead.
         self.presence_once()
@@ -386,10 +418,30 @@ class NodeRunner:
         if self.clock.monotonic() - self._last_reconcile >= RECONCILE_INTERVAL_S:
             self._last_reconcile = self.clock.monotonic()
             self.executor.reconcile()
+        self._check_partition_count()
         if not self.draining and selectors.node_drain_requested(self.config.node_id):
             logger.info("drain requested by an operator", extra=self._log_extra)
             threading.Thread(target=self.shutdown, name="drain", daemon=True).start()
         return self.config.heartbeat_interval_s
+
+    def _check_partition_count(self) -> None:
+        """A node keeps the partition count it started with: the count changed under it (an
+        operator ran ``partitions --set`` without stopping the cluster) means it leads partitions
+        the others no longer agree on, so it says so and drains; started again, it takes the new
+        count."""
+        if self.draining or self.clock.monotonic() - self._last_partition_check < PARTITION_CHECK_S:
+            return
+        self._last_partition_check = self.clock.monotonic()
+        stored = partitioning.count(fresh=True)
+        if stored != self.partition_count:
+            logger.error(
+                "the cluster's partition count changed from %d to %d while this node ran; "
+                "draining (start the node again to take the new count)",
+                self.partition_count,
+                stored,
+                extra=self._log_extra,
+            )
+            threading.Thread(target=self.shutdown, name="drain", daemon=True).start()
 
     def presence_once(self) -> float:
         """Renew this node's presence; on a lapse, give up what was claimed under it."""
@@ -401,6 +453,10 @@ class NodeRunner:
             payload["db_rtt_ms"] = round(round_trip * 1000, 2)
         if self.executor.held_back is not None:
             payload["claims_held_back"] = self.executor.held_back
+        if self.partition_count > 1:
+            payload["leads"] = self.led_partitions()  # read by the dashboard and by peers
+        if self.draining:
+            payload["draining"] = True  # not counted among the nodes that share the partitions
         behind = self.behind.state
         if behind is not None and self.is_leader:
             payload["behind"] = behind  # read by the dashboard's overview
@@ -463,56 +519,74 @@ class NodeRunner:
     # --- leadership ----------------------------------------------------------------------------------
     @property
     def is_leader(self) -> bool:
-        return self._leading.is_set() and self.elector.is_leader
+        """Whether this node leads partition 0: the cluster leader (reaping, notifications)."""
+        return self.seats[0].is_leader
 
     @property
     def term(self) -> int | None:
-        return self._term
+        return self.seats[0].term
+
+    def led_partitions(self) -> list[int]:
+        return [seat.partition for seat in self.seats if seat.is_leader]
 
     # The elector's callbacks only queue what happened: the database work of a new term (raising
     # the fence, recording the term) runs in the leader loop, so a slow or blocked database never
     # stops the election thread from renewing the lease.
-    def _started_leading(self, lease: Lease) -> None:
-        self._term_events.put(("start", lease, ""))
+    def _started_leading(self, seat: Seat, lease: Lease) -> None:
+        seat.events.put(("start", lease, ""))
         self._wake_leader.set()
 
-    def _stopped_leading(self, lease: Lease, reason: str) -> None:
-        self._leading.clear()
-        self.behind.caught_up(leading=False)  # the next leader measures
-        self._term_events.put(("stop", lease, reason))
+    def _stopped_leading(self, seat: Seat, lease: Lease, reason: str) -> None:
+        seat.leading.clear()
+        if seat.partition == 0:
+            self.behind.caught_up(leading=False)  # the next leader measures
+        seat.events.put(("stop", lease, reason))
         self._wake_leader.set()
+
+    def _seat_of(self, lease: Lease) -> Seat:
+        for seat in self.seats:
+            if seat.elector.name == lease.name:
+                return seat
+        raise LookupError(lease.name)
 
     def _apply_term_events(self) -> None:
         with self._term_events_lock:
-            while True:
-                try:
-                    kind, lease, reason = self._term_events.get_nowait()
-                except queue.Empty:
-                    return
-                if kind == "start":
-                    self._record_new_term(lease)
-                else:
-                    self._record_term_end(lease, reason)
+            for seat in self.seats:
+                while True:
+                    try:
+                        kind, lease, reason = seat.events.get_nowait()
+                    except queue.Empty:
+                        break
+                    if kind == "start":
+                        self._record_new_term(lease)
+                    else:
+                        self._record_term_end(lease, reason)
+
+    def _leads_text(self, seat: Seat) -> str:
+        return partitions.label(seat.partition, self.partition_count)
 
     def _record_new_term(self, lease: Lease) -> None:
-        extra = {**self._log_extra, "term": lease.term}
-        current = self.elector.lease
+        seat = self._seat_of(lease)
+        extra = {**self._log_extra, "term": lease.term, "partition": seat.partition}
+        current = seat.elector.lease
         if current is None or current.term != lease.term:
             return  # already lost again before it could be recorded
+        fence = partitions.fence_name(seat.partition)
         try:
-            if not fence_raise(lease.term, tenure(self.config.node_id, lease.token)):
+            if not fence_raise(lease.term, tenure(self.config.node_id, lease.token), fence=fence):
                 # Storage has seen this term or a newer one (Redis restarted without persistence
                 # and minted it again): lift the backend's counter past it and campaign again.
-                stored = fence_current()
+                stored = fence_current(fence)
                 logger.warning(
-                    "term %s is not above the fenced term %s; raising the term floor and "
+                    "term %s%s is not above the fenced term %s; raising the term floor and "
                     "stepping down",
                     lease.term,
+                    self._leads_text(seat),
                     stored,
                     extra=extra,
                 )
-                self.backend.raise_term_floor(LEASE_NAME, stored)
-                self.elector.release()
+                self.backend.raise_term_floor(lease.name, stored)
+                seat.elector.release()
                 return
             read: list[dict[str, dict[str, object]]] = []
 
@@ -526,17 +600,24 @@ class NodeRunner:
                 node_id=self.config.node_id,
                 now=self._now(),
                 end_reason_of=end_reason_of,
+                partition=seat.partition,
             )
         except Exception:
             logger.exception("could not record term %s; stepping down", lease.term, extra=extra)
             close_old_connections()
-            self.elector.release()
+            seat.elector.release()
             return
-        self._term = lease.term
-        self._leading.set()
-        node_metrics.leading(lease.term, "started")
-        self._term_in_logs(lease.term)
-        logger.info("started leading (term %s)", lease.term, extra=extra)
+        seat.term = lease.term
+        seat.next_pass_at = 0.0
+        seat.leading.set()
+        if seat.partition == 0:
+            node_metrics.leading(lease.term, "started")
+            self._term_in_logs(lease.term)
+            logger.info("started leading (term %s)", lease.term, extra=extra)
+        else:
+            logger.info(
+                "started leading partition %s (term %s)", seat.partition, lease.term, extra=extra
+            )
 
     def _term_in_logs(self, term: int | None) -> None:
         """While this process's node leads, every log line of the process carries its term."""
@@ -544,13 +625,21 @@ class NodeRunner:
             set_process_context(term=term)
 
     def _record_term_end(self, lease: Lease, reason: str) -> None:
-        if self._ended_term == lease.term:
+        seat = self._seat_of(lease)
+        if seat.ended_term == lease.term:
             return  # already recorded (a drain records its step-down before releasing)
-        self._ended_term = lease.term
-        self._term_in_logs(None)
-        node_metrics.leading(None, reason)
-        extra = {**self._log_extra, "term": lease.term}
-        logger.info("stopped leading (term %s): %s", lease.term, reason, extra=extra)
+        seat.ended_term = lease.term
+        extra = {**self._log_extra, "term": lease.term, "partition": seat.partition}
+        if seat.partition == 0:
+            self._term_in_logs(None)
+            node_metrics.leading(None, reason)
+        logger.info(
+            "stopped leading%s (term %s): %s",
+            self._leads_text(seat),
+            lease.term,
+            reason,
+            extra=extra,
+        )
         if reason == UNABLE and not self.pace.yielding():
             # This node cannot reach the database now; the next leader closes the term.
             return
@@ -560,17 +649,155 @@ class NodeRunner:
             else TERM_END_REASONS.get(reason, TermEndReason.LEASE_LOST)
         )
         try:
-            services.term_end(term=lease.term, reason=end_reason, now=self._now())
+            services.term_end(
+                term=lease.term, reason=end_reason, now=self._now(), partition=seat.partition
+            )
         except Exception:
             logger.exception("could not close term %s", lease.term, extra=extra)
             close_old_connections()
 
+    # --- the election loop: every partition's elector, and the balance between nodes ------------------
+    def election_once(self) -> float:
+        """One step of every partition's elector; returns seconds until the next is due. A node
+        campaigns for a partition while it leads fewer than its share (cluster.partitions), gives
+        one back when it leads more, and takes any partition left unled for ORPHAN_AFTER_S."""
+        if self._election_stop.is_set():
+            return self.config.election.retry_period_ms / 1000  # draining: campaigns no more
+        if self.partition_count == 1:
+            return self.seats[0].elector.tick()
+        now = self.clock.monotonic()
+        able, fewest = self._balance_view()
+        quota = partitions.share(self.partition_count, able)
+        held = [seat for seat in self.seats if seat.holds_lease]
+        if (
+            partitions.gives_back(len(held), self.partition_count, able, fewest)
+            and now >= self._next_hand_back
+            and not self.draining
+        ):
+            self._next_hand_back = now + partitions.HAND_BACK_EVERY_S
+            extra = max(held, key=lambda seat: (seat.partition != 0, seat.partition))
+            logger.info(
+                "handing partition %s over: leading %d, a share is %d",
+                extra.partition,
+                len(held),
+                quota,
+                extra=self._log_extra,
+            )
+            # The leader loop gives it back between two of its passes: a pass under way is never
+            # cut short by a fence raised meanwhile.
+            extra.give_back = True
+            self._wake_leader.set()
+            held.remove(extra)
+        delay = self.config.election.retry_period_ms / 1000
+        for seat in self.seats:
+            if not seat.holds_lease and len(held) >= quota and not self._orphaned(seat, now):
+                continue
+            delay = min(delay, seat.elector.tick())
+            if seat.holds_lease and seat not in held:
+                held.append(seat)
+        return delay
+
+    def _orphaned(self, seat: Seat, now: float) -> bool:
+        """Whether ``seat``'s partition has had no leader for ORPHAN_AFTER_S (read every retry
+        period while this node is not campaigning for it)."""
+        if now - seat.looked_at < self.config.election.retry_period_ms / 1000:
+            return (
+                seat.free_since is not None and now - seat.free_since >= partitions.ORPHAN_AFTER_S
+            )
+        seat.looked_at = now
+        try:
+            held = self.backend.current_lease(seat.elector.name) is not None
+        except Exception as exc:
+            logger.warning(
+                "could not read lease %s: %s", seat.elector.name, exc, extra=self._log_extra
+            )
+            return False
+        if held:
+            seat.free_since = None
+            return False
+        if seat.free_since is None:
+            seat.free_since = now
+        return now - seat.free_since >= partitions.ORPHAN_AFTER_S
+
+    def _balance_view(self) -> tuple[int, int | None]:
+        """How many live nodes can lead (not cut off from the database, not draining; this one
+        included), and the fewest partitions another of them leads (None: no other); from the
+        presences, read at most every BALANCE_VIEW_S."""
+        now = self.clock.monotonic()
+        if now - self._balance[0] < BALANCE_VIEW_S:
+            return self._balance[1], self._balance[2]
+        able = 1
+        fewest: int | None = None
+        for node_id, presence in self._live_nodes().items():
+            if node_id == self.config.node_id:
+                continue
+            if presence.get("database") == DATABASE_UNREACHABLE or presence.get("draining"):
+                continue
+            able += 1
+            leads = presence.get("leads")
+            count = len(leads) if isinstance(leads, list) else 0
+            fewest = count if fewest is None else min(fewest, count)
+        self._balance = (now, able, fewest)
+        return able, fewest
+
+    def run_elections(self, stop: threading.Event) -> None:
+        """The election thread: step every elector until ``stop`` is set, then release every
+        lease still held (as LeaderElector.run does for one)."""
+        try:
+            while not stop.is_set():
+                try:
+                    delay = self.election_once()
+                except Exception:  # a bug here must not end the election loop
+                    logger.exception("election step failed", extra=self._log_extra)
+                    delay = self.config.election.retry_period_ms / 1000
+                self._election_poked.wait(self.elector._jittered(delay))
+                self._election_poked.clear()
+        finally:
+            for seat in self.seats:
+                seat.elector.release()
+
+    def _poke_elections(self) -> None:
+        self._election_poked.set()
+
+    def _record_step_down(self, seat: Seat) -> None:
+        """Record a graceful step-down before the lease is released: the next leader closes any
+        term still open when it records its own, and would call this one "lease lost"."""
+        seat.leading.clear()
+        lease = seat.elector.lease
+        if lease is not None and seat.term == lease.term:
+            self._record_term_end(lease, STEPPED_DOWN)
+
+    # --- the leader loop: every partition this node leads ---------------------------------------------
     def leader_once(self) -> float:
-        """One pass of the leader's work; returns seconds until the next is due."""
+        """One pass of the leader's work for every partition this node leads whose pass is due;
+        returns seconds until the next is due."""
         self._apply_term_events()
-        term = self._term
-        if not self.is_leader or term is None:
-            return LEADER_MAX_SLEEP_S
+        for seat in self.seats:
+            if seat.give_back:
+                seat.give_back = False
+                if seat.holds_lease:
+                    self._record_step_down(seat)
+                    if seat.elector.release():
+                        self._publish_wake(announce.LEASE_RELEASED)
+        now_m = self.clock.monotonic()
+        wait = LEADER_MAX_SLEEP_S
+        for seat in self.seats:
+            if not seat.is_leader or seat.term is None:
+                continue
+            if seat.next_pass_at > now_m + 1e-3 and not self._woken:
+                wait = min(wait, seat.next_pass_at - now_m)
+                continue
+            delay = self._partition_pass(seat)
+            seat.next_pass_at = self.clock.monotonic() + delay
+            wait = min(wait, delay)
+        self._woken = False
+        return wait
+
+    def _partition_pass(self, seat: Seat) -> float:
+        """One pass of one partition's leader: its fires; and for partition 0 the cluster-wide
+        work (the reaper, jobs out of range, the behind watch)."""
+        term = seat.term
+        assert term is not None
         now = self._now()
         self.pace.pass_began = self.clock.monotonic()
         try:
@@ -578,39 +805,19 @@ class NodeRunner:
                 term=term,
                 now=now,
                 lookahead=timedelta(seconds=self.config.lookahead_s + LEADER_TICK_EARLY_S),
+                partition=seat.partition,
             )
-            if (
-                self.clock.monotonic() - self._last_reap >= REAP_INTERVAL_S
-                and self.membership.steady_for() >= self.config.dead_after_s
-            ):
-                self._last_reap = self.clock.monotonic()
-                presences = self.backend.live_nodes()
-                now = self._now()
-                dead_after = timedelta(seconds=self.config.dead_after_s)
-                reaped = reaper.reap_dead_nodes(
-                    term=term,
-                    now=now,
-                    dead_after=dead_after,
-                    live=set(presences),
-                    cut_off=reaper.read_cut_off(presences, now=now, after=dead_after),
-                )
-                if reaped.dead_nodes or reaped.stuck or reaped.cut_off_nodes:
-                    logger.warning(
-                        "reaped nodes %s (dead) and %s (cut off from the database): %d lost, "
-                        "%d unclaimed, %d stuck (retried per policy)",
-                        reaped.dead_nodes,
-                        reaped.cut_off_nodes,
-                        reaped.lost,
-                        reaped.unclaimed,
-                        reaped.stuck,
-                        extra={**self._log_extra, "term": term},
-                    )
-            if self.behind.due():
-                self.behind.check(now=self._now())
+            if seat.partition == 0:
+                self._cluster_work(term)
         except Fenced as exc:
-            logger.error("fenced, stepping down: %s", exc, extra={**self._log_extra, "term": term})
-            self._leading.clear()
-            self.elector.release()
+            logger.error(
+                "fenced, stepping down%s: %s",
+                self._leads_text(seat),
+                exc,
+                extra={**self._log_extra, "term": term},
+            )
+            seat.leading.clear()
+            seat.elector.release()
             return LEADER_MAX_SLEEP_S
         finally:
             self.pace.pass_began = None
@@ -620,7 +827,7 @@ class NodeRunner:
         self.pace.judge_tick(result.late_s)
         if result.more:
             return 0.0
-        earliest = scheduler.earliest_next_fire()
+        earliest = scheduler.earliest_next_fire(seat.partition)
         if earliest is None:
             return LEADER_MAX_SLEEP_S
         # Tick a little before the look-ahead horizon reaches the next fire: far from the instants
@@ -630,6 +837,49 @@ class NodeRunner:
         )
         wait = max(0.0, min(LEADER_MAX_SLEEP_S, until_due))
         return max(wait, LEADER_PASS_MIN_S) if result.fired or result.skipped else wait
+
+    def _cluster_work(self, term: int) -> None:
+        """Partition 0's leader's share of a pass: reap dead nodes, move jobs whose partition is
+        out of range, watch whether fires and claims keep up."""
+        if (
+            self.clock.monotonic() - self._last_reap >= REAP_INTERVAL_S
+            and self.membership.steady_for() >= self.config.dead_after_s
+        ):
+            self._last_reap = self.clock.monotonic()
+            presences = self.backend.live_nodes()
+            now = self._now()
+            dead_after = timedelta(seconds=self.config.dead_after_s)
+            reaped = reaper.reap_dead_nodes(
+                term=term,
+                now=now,
+                dead_after=dead_after,
+                live=set(presences),
+                cut_off=reaper.read_cut_off(presences, now=now, after=dead_after),
+            )
+            if reaped.dead_nodes or reaped.stuck or reaped.cut_off_nodes:
+                logger.warning(
+                    "reaped nodes %s (dead) and %s (cut off from the database): %d lost, "
+                    "%d unclaimed, %d stuck (retried per policy)",
+                    reaped.dead_nodes,
+                    reaped.cut_off_nodes,
+                    reaped.lost,
+                    reaped.unclaimed,
+                    reaped.stuck,
+                    extra={**self._log_extra, "term": term},
+                )
+        if self.clock.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
+            self._last_sweep = self.clock.monotonic()
+            moved = partitioning.misplaced(self.partition_count)
+            if moved:
+                logger.warning(
+                    "moved %d jobs whose partition was not below %d (written by a process that "
+                    "had not yet seen the partition count)",
+                    moved,
+                    self.partition_count,
+                    extra={**self._log_extra, "term": term},
+                )
+        if self.behind.due():
+            self.behind.check(now=self._now())
 
     def notify_once(self) -> float:
         """The leader's notifier (a thread of its own: a slow webhook never delays a fire). A node
@@ -667,6 +917,7 @@ class NodeRunner:
                         self.elector.poke()
                     if message != self.config.node_id:
                         # Not its own fires' wake-up: the leader's pass paces itself.
+                        self._woken = True
                         self._wake_leader.set()
                     self._wake_claim.set()
             except Exception as exc:
@@ -714,7 +965,7 @@ class NodeRunner:
 
     # --- one pass of everything (tests) ---------------------------------------------------------------
     def tick(self) -> None:
-        self.elector.tick()
+        self.election_once()
         self.presence_once()
         with self.database.thread(control=True):
             self.heartbeat_once()
@@ -763,7 +1014,7 @@ class NodeRunner:
         if not registered:
             self.register()
         loops: list[tuple[str, Callable[[], None]]] = [
-            ("election", lambda: self.elector.run(self._election_stop)),
+            ("election", lambda: self.run_elections(self._election_stop)),
             ("presence", lambda: _loop("presence", self.stop_event, self.presence_once)),
             ("dbwatch", lambda: _loop("dbwatch", self.stop_event, self.watch_database_once)),
             (
@@ -808,22 +1059,17 @@ class NodeRunner:
         extra = self._log_extra
         logger.info("draining: stop claiming, hand over leadership", extra=extra)
         self.executor.claiming = False
-        self._leading.clear()
-        lease = self.elector.lease
-        if lease is not None and self._term == lease.term:
-            # Recorded before the lease is released: the next leader closes any term still open
-            # when it records its own, and would call this one's end "lease lost". The election
-            # thread is stopped only after this write, since on its way out it releases the lease.
-            self._record_term_end(lease, STEPPED_DOWN)
+        # Each term's end is recorded before its lease is released (_record_step_down). The
+        # election thread is stopped only after these writes, since on its way out it releases
+        # the leases.
+        for seat in self.seats:
+            self._record_step_down(seat)
         self._election_stop.set()
-        self.elector.poke()
-        try:
-            if self.elector.release():
-                # Followers campaign now instead of at their next retry (up to a retry period
-                # later: 250 ms plus jitter by default).
-                self._publish_wake(announce.LEASE_RELEASED)
-        except Exception:
-            logger.exception("lease release failed (it will expire)", extra=extra)
+        self._election_poked.set()
+        if self.release_leadership():
+            # Followers campaign now instead of at their next retry (up to a retry period
+            # later: 250 ms plus jitter by default).
+            self._publish_wake(announce.LEASE_RELEASED)
         # This thread's connection may have died with a database outage long ago (the main
         # thread of runnode does no other database work): start the drain on a fresh one.
         connection.close()
@@ -860,6 +1106,22 @@ class NodeRunner:
                 self.clock.sleep(STOP_MARK_BACKOFF_S)
         self.stop_event.set()
         self.executor.wake_starter()
+
+    def release_leadership(self) -> bool:
+        """Stop leading every partition and release their leases at once. True if any was still
+        this node's and was released."""
+        released = False
+        for seat in self.seats:
+            seat.leading.clear()
+            try:
+                released = seat.elector.release() or released
+            except Exception:
+                logger.exception(
+                    "lease %s release failed (it will expire)",
+                    seat.elector.name,
+                    extra=self._log_extra,
+                )
+        return released
 
     def kill_switch(self) -> None:
         """Stop every loop without draining (tests simulating a crash use real SIGKILL instead)."""

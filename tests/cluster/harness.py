@@ -151,11 +151,11 @@ class Cluster:
 
 
 def current_leader() -> tuple[str, int] | None:
-    """(node_id, term) of the open leadership term, from the database."""
+    """(node_id, term) of the cluster leader's (partition 0's) open term, from the database."""
     from cluster.models import LeadershipTerm
 
     row = (
-        LeadershipTerm.objects.filter(ended_at__isnull=True)
+        LeadershipTerm.objects.filter(partition=0, ended_at__isnull=True)
         .order_by("-term")
         .values_list("node_id", "term")
         .first()

@@ -305,7 +305,7 @@ class SimCluster:
         executor = runner.executor
         node = SimNode(runner, bodies)
         node.loops = [
-            _Loop("election", runner.elector.tick),
+            _Loop("election", runner.election_once),
             _Loop("presence", runner.presence_once),
             _Loop("heartbeat", runner.heartbeat_once),
             _Loop("leader", runner.leader_once),
@@ -347,8 +347,9 @@ class SimCluster:
         runner = node.runner
         runner.draining = True
         runner.executor.claiming = False
-        runner._leading.clear()
-        runner.elector.release()
+        for seat in runner.seats:
+            runner._record_step_down(seat)
+        runner.release_leadership()
         runner._apply_term_events()
         runner.executor.release_unstarted()
         node.loops = [loop for loop in node.loops if loop.name != "election"]
