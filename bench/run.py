@@ -243,7 +243,11 @@ def wait_for_leader(timeout: float = 30) -> tuple[str, int]:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = LeadershipTerm.objects.filter(ended_at__isnull=True).order_by("-term").first()
+        row = (
+            LeadershipTerm.objects.filter(partition=0, ended_at__isnull=True)
+            .order_by("-term")
+            .first()
+        )
         if row:
             return row.node_id, row.term
         time.sleep(0.05)
@@ -548,7 +552,7 @@ def w3(env: Environment, *, jobs: int = 10, settle_s: float = 8, after_s: float 
         killed_at = time.time()
         nodes.signal(leader, signal.SIGKILL)
         time.sleep(after_s)
-        new = LeadershipTerm.objects.filter(term__gt=term).order_by("term").first()
+        new = LeadershipTerm.objects.filter(partition=0, term__gt=term).order_by("term").first()
         kill_window = (math.floor(killed_at) - 3, math.floor(killed_at) + after_s - 2)
         result["sigkill"] = {
             **_fault_metrics(read_records(path), killed_at, names, kill_window),
@@ -559,7 +563,7 @@ def w3(env: Environment, *, jobs: int = 10, settle_s: float = 8, after_s: float 
         stopped_at = time.time()
         nodes.signal(leader, signal.SIGTERM)
         time.sleep(after_s)
-        new = LeadershipTerm.objects.filter(term__gt=term).order_by("term").first()
+        new = LeadershipTerm.objects.filter(partition=0, term__gt=term).order_by("term").first()
         term_window = (math.floor(stopped_at) - 3, math.floor(stopped_at) + after_s - 2)
         result["sigterm"] = {
             **_fault_metrics(read_records(path), stopped_at, names, term_window),

@@ -15,6 +15,7 @@ from django.utils import timezone
 from cluster.coordination import CoordinationError, get_backend
 from cluster.dbhealth import UNREACHABLE
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
+from jobs import partitioning
 from jobs.conf import app_setting
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,32 @@ def degraded_nodes(nodes: Iterable[SchedulerNode], *, now: datetime) -> dict[str
 
 
 def current_term() -> LeadershipTerm | None:
-    """The newest term that has not ended, if any."""
-    return LeadershipTerm.objects.filter(ended_at__isnull=True).order_by("-term").first()
+    """The cluster leader's (partition 0's) newest term that has not ended, if any."""
+    return (
+        LeadershipTerm.objects.filter(partition=0, ended_at__isnull=True).order_by("-term").first()
+    )
+
+
+def partition_leaders(*, sizes: bool = True) -> list[dict[str, Any]]:
+    """Each scheduling partition's leader as its open term says (node None: nobody leads it
+    now), and (``sizes``) how many jobs it fires; one row with one partition."""
+    total = partitioning.count()
+    open_terms: dict[int, LeadershipTerm] = {}
+    for term in LeadershipTerm.objects.filter(ended_at__isnull=True, partition__lt=total).order_by(
+        "term"
+    ):
+        open_terms[term.partition] = term  # the newest open term of each partition
+    jobs = partitioning.sizes(total) if sizes else {}
+    return [
+        {
+            "partition": p,
+            "node": open_terms[p].node_id if p in open_terms else None,
+            "term": open_terms[p].term if p in open_terms else None,
+            "since": open_terms[p].acquired_at if p in open_terms else None,
+            "jobs": jobs.get(p),
+        }
+        for p in range(total)
+    ]
 
 
 def cluster_state(*, now: datetime | None = None) -> dict[str, Any]:

@@ -120,7 +120,11 @@ class ClusterCollector(Collector):
         )
         yield late
 
-        open_term = LeadershipTerm.objects.filter(ended_at__isnull=True).order_by("-term").first()
+        open_term = (
+            LeadershipTerm.objects.filter(partition=0, ended_at__isnull=True)
+            .order_by("-term")
+            .first()
+        )
         term = GaugeMetricFamily("scheduler_leader_term", "The open leadership term (0: none)")
         term.add_metric([], open_term.term if open_term else 0)
         yield term

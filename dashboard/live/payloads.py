@@ -11,7 +11,13 @@ from rest_framework import serializers
 
 from cluster.api import NodeSerializer, TermSerializer
 from cluster.models import LeadershipTerm, SchedulerNode
-from cluster.selectors import DEGRADED, current_term, degraded_nodes, leader_behind
+from cluster.selectors import (
+    DEGRADED,
+    current_term,
+    degraded_nodes,
+    leader_behind,
+    partition_leaders,
+)
 from dashboard.live.protocol import LATE_AFTER_S, OUTPUT_FIELDS, frame
 from jobs.api.serializers import ExecutionSerializer, JobSerializer
 from jobs.models import JobExecution
@@ -57,7 +63,7 @@ def cluster_payload() -> dict[str, Any]:
     # after the terms include every leader those terms name. The other way round (each statement
     # sees its own snapshot) a frame could name a new leader and list no node for it: a test of
     # the feed caught one such frame on a loaded machine.
-    terms = list(LeadershipTerm.objects.order_by("-term")[:TERMS_LIMIT])
+    terms = list(LeadershipTerm.objects.filter(partition=0).order_by("-term")[:TERMS_LIMIT])
     nodes = sorted(
         SchedulerNode.objects.order_by("-last_heartbeat")[:NODES_LIMIT], key=lambda n: n.node_id
     )
@@ -70,9 +76,14 @@ def cluster_payload() -> dict[str, Any]:
     # as such, not as active (its row, which it cannot write, still says active).
     degraded = degraded_nodes(nodes, now=timezone.now())
     node_data = NodeSerializer(nodes, many=True, context={"degraded": degraded}).data
+    # With several scheduling partitions: who leads which (an empty list with one).
+    partitions = partition_leaders(sizes=False)
+    if len(partitions) == 1:
+        partitions = []
     for data in node_data:
         if data["degraded_reason"]:
             data["status"] = DEGRADED
+        data["leads"] = [p["partition"] for p in partitions if p["node"] == data["node_id"]]
     return {
         "leader": term.node_id if term else None,
         "term": term.term if term else None,
@@ -81,6 +92,10 @@ def cluster_payload() -> dict[str, Any]:
         else None,
         "nodes": node_data,
         "terms": TermSerializer(terms, many=True).data,
+        "partitions": [
+            {"partition": p["partition"], "node_id": p["node"], "term": p["term"]}
+            for p in partitions
+        ],
         # The leader's word while the schedule is behind (None while it keeps up).
         "behind": leader_behind(term.node_id if term else None),
     }

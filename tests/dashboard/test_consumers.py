@@ -118,6 +118,7 @@ def test_viewer_gets_hello_cluster_and_counts(make_user: Callable[..., Any]) -> 
             "leader_since": None,
             "nodes": [],
             "terms": [],
+            "partitions": [],
             "behind": None,
         }
         assert counts == {

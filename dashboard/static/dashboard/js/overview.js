@@ -193,6 +193,9 @@
           ]),
         ]),
         el("div", null, [el("dt", null, "Host"), el("dd", null, node.hostname + " · pid " + node.pid)]),
+        (cluster.partitions || []).length
+          ? el("div", null, [el("dt", null, "Partitions"), el("dd", { "data-field": "leads" }, (node.leads || []).join(", ") || "—")])
+          : null,
       ]),
       node.degraded_reason ? el("p", { class: "node-card__note text-warn" }, "Cannot reach the database: " + node.degraded_reason) : null,
     ]);
@@ -227,6 +230,7 @@
     if (data.leader) summaryEl.append("Leader ", el("strong", null, data.leader), " · term " + data.term);
     else summaryEl.append(el("span", { class: "text-warn" }, "No leader"));
     summaryEl.append(" · " + data.nodes.length + " node" + (data.nodes.length === 1 ? "" : "s"));
+    if ((data.partitions || []).length) summaryEl.append(" · " + data.partitions.length + " partitions");
     drawTimeline();
     renderTerms(data.terms || []);
   }
