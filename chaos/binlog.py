@@ -4,7 +4,8 @@ Every fenced transaction updates the fence row (``writes + 1``, ``writer_term``)
 fence raise updates its ``term``; the binary log lists transactions in the order they committed,
 with the full image of every row they changed. So each committed transaction shows the term of its
 writer, the newest term the fence had reached before it, and what it did to the runs: fires
-inserted, runs declared lost, skips, retries. The checker (``commit_order``) needs nothing else —
+inserted, runs declared lost, skips, retries; and whose fence it was (each scheduling partition
+has its own row). The checker (``commit_order``) needs nothing else —
 no writer's clock is involved.
 
 Reading needs ``mariadb-binlog`` (or ``mysqlbinlog``) and the log files; parsing is pure.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.record import Commit
+from cluster import partitions
 
 FENCE_TABLE = "cluster_clusterfence"
 EXECUTION_TABLE = "jobs_jobexecution"
@@ -103,9 +105,13 @@ def commits(transactions: Iterable[list[_Change]]) -> list[Commit]:
     found = []
     for seq, changes in enumerate(transactions):
         writer = raised = fence_before = None
+        partition = 0
         fires = lost = skipped = retries = 0
         ids: list[int] = []
         for change in changes:
+            if change.table == FENCE_TABLE:
+                name = change.after.get("name") or change.before.get("name")
+                partition = partitions.partition_of_fence(str(name)) or 0
             if change.table == FENCE_TABLE and change.op == "update":
                 before, after = change.before, change.after
                 fence_before = before.get("term")
@@ -141,6 +147,7 @@ def commits(transactions: Iterable[list[_Change]]) -> list[Commit]:
                 skipped=skipped,
                 retries=retries,
                 execution_ids=ids,
+                partition=partition,
             )
         )
     return found

@@ -18,7 +18,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from chaos.record import (
@@ -234,6 +234,24 @@ def _fmt(value: Any) -> str:
 # --- the checker -------------------------------------------------------------------------------------
 
 
+def partition_views(history: History) -> dict[int, History]:
+    """``history`` as each scheduling partition's leaders saw it: its terms, the claims of them,
+    its jobs' runs and the commits on its fence (partition 0 always present)."""
+    found = {0} | {t.partition for t in history.terms} | {c.partition for c in history.commits}
+    if found == {0}:
+        return {0: history}
+    return {
+        p: replace(
+            history,
+            terms=[t for t in history.terms if t.partition == p],
+            term_claims=[c for c in history.term_claims if c.partition == p],
+            executions=[e for e in history.executions if e.partition == p],
+            commits=[c for c in history.commits if c.partition == p],
+        )
+        for p in sorted(found)
+    }
+
+
 def check(history: History, config: CheckConfig | None = None) -> Report:
     """Every violation of the guarantees in ``history``, by kind, with evidence."""
     config = config or CheckConfig()
@@ -249,12 +267,19 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += [v for v in late_starts if v.kind == START_AFTER_LOST]
     notes += [v for v in late_starts if v.kind == FROZEN_AT_START]
     violations += stuck(history, config)
-    violations += stale_writes(history)
-    violations += terms_held_twice(history)
-    gaps, max_gap = leader_gaps(history, config)
-    violations += gaps
+    # Leadership is judged per scheduling partition: each has its own terms and fence.
+    parts = partition_views(history)
+    max_gap = 0.0
+    for part in parts.values():
+        violations += stale_writes(part)
+        violations += terms_held_twice(part)
+        gaps, gap = leader_gaps(part, config)
+        violations += gaps
+        max_gap = max(max_gap, gap)
+        violations += stale_commits(part)
     violations += unjustified_skips(history, index, config)
-    recovered, slow = recovery(history, index, config)
+    # Takeovers are the cluster leader's (partition 0's); job gaps are every job's.
+    recovered, slow = recovery(replace(history, terms=parts[0].terms), index, config)
     violations += slow
     violations += attempts.unexcused_lost(history, config)
     violations += attempts.phantom_outcomes(history, index)
@@ -265,7 +290,6 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += intent.requests_not_run(history, index, config)
     violations += misfires(history, config)
     violations += superseded(history, index, config)
-    violations += stale_commits(history)
     violations += edits_followed(history, index)
     violations += [
         Violation(API_ANOMALY, f"{a.action}: {a.detail}", {"at": a.at})

@@ -33,10 +33,11 @@ from chaos.record import (
 # The node runner's line once a new term is recorded (cluster.node: "started leading (term %s)").
 # Anchored at the start of the message: the elector's own "<node> started leading <lease> in term
 # N" (the lease was won, the term not yet accepted by the fence) is a different line.
-TERM_CLAIM_RE = re.compile(r"^started leading \(term (\d+)\)")
+TERM_CLAIM_RE = re.compile(r"^started leading(?: partition (\d+))? \(term (\d+)\)")
 # The text log format: "2026-11-29 12:00:00,123 INFO cluster.node started leading (term 3)".
 TEXT_LINE_RE = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+ (started leading \(term \d+\).*)$"
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+ "
+    r"(started leading(?: partition \d+)? \(term \d+\).*)$"
 )
 PAUSE_ACTIONS = {"job.pause": "pause", "job.resume": "resume"}
 
@@ -96,7 +97,13 @@ def parse_term_claims(node_id: str, text: str, source: str = "") -> list[TermCla
         found = TERM_CLAIM_RE.match(message)
         if found:
             claims.append(
-                TermClaim(node_id=node_id, term=int(found.group(1)), at=at, source=source)
+                TermClaim(
+                    node_id=node_id,
+                    term=int(found.group(2)),
+                    at=at,
+                    source=source,
+                    partition=int(found.group(1) or 0),
+                )
             )
     return claims
 
@@ -195,6 +202,7 @@ def collect_history(
                 finished_at=_epoch(row.finished_at),
                 reason=row.reason,
                 run_after=_epoch(row.run_after),
+                partition=job.partition,
             )
         )
     terms = [
@@ -204,8 +212,9 @@ def collect_history(
             acquired_at=t.acquired_at.timestamp(),
             ended_at=_epoch(t.ended_at),
             end_reason=t.end_reason,
+            partition=t.partition,
         )
-        for t in LeadershipTerm.objects.order_by("term")
+        for t in LeadershipTerm.objects.order_by("partition", "term")
     ]
     audit = [
         (PAUSE_ACTIONS[e.action], int(e.object_id), e.created_at.timestamp())

@@ -103,6 +103,8 @@ class Execution:
     reason: str
     # Not before this instant (a retry's backoff): when a retry's forbid decision is taken.
     run_after: float | None = None
+    # The scheduling partition of its job: whose terms fenced its fire.
+    partition: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,16 +128,19 @@ class Term:
     acquired_at: float
     ended_at: float | None
     end_reason: str
+    partition: int = 0
 
 
 @dataclass(frozen=True)
 class TermClaim:
-    """A node's own log line "started leading (term N)" (its term recorded, leading from now)."""
+    """A node's own log line "started leading (term N)", or "started leading partition P (term
+    N)" (its term recorded, leading from now)."""
 
     node_id: str
     term: int
     at: float | None
     source: str = ""  # the log file it came from
+    partition: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,7 @@ class Commit:
     skipped: int = 0
     retries: int = 0
     execution_ids: list[int] = field(default_factory=list)
+    partition: int = 0  # whose fence row it touched (each partition has its own)
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,8 @@ class ChaosPlan:
     # length of every fault that has one, in turn (a scenario: the partition table).
     kinds: list[str] | None = None
     durations: list[float] = field(default_factory=list)
+    # The scheduling partitions the jobs are split into (each led by a node of its own).
+    partitions: int = 1
 
     @property
     def on_mysql(self) -> bool:
@@ -395,8 +397,9 @@ class ChaosRun:
         from django.contrib.auth import get_user_model
 
         import chaos.tasks  # noqa: F401 - registers chaos.record here, for validation
-        from jobs import services, tokens
+        from jobs import partitioning, services, tokens
 
+        partitioning.set_count(self.plan.partitions)
         ids = []
         for definition in job_definitions(self.plan.jobs, self.side_effects):
             job = services.job_create(data=definition, by=services.SYSTEM)
@@ -542,7 +545,7 @@ class ChaosRun:
 
         try:
             return (
-                LeadershipTerm.objects.filter(ended_at__isnull=True)
+                LeadershipTerm.objects.filter(partition=0, ended_at__isnull=True)
                 .order_by("-term")
                 .values_list("node_id", flat=True)
                 .first()
@@ -558,7 +561,12 @@ class ChaosRun:
         from cluster.models import LeadershipTerm
 
         try:
-            row = LeadershipTerm.objects.order_by("-term").values_list("term", "node_id").first()
+            row = (
+                LeadershipTerm.objects.filter(partition=0)
+                .order_by("-term")
+                .values_list("term", "node_id")
+                .first()
+            )
         except Exception:
             close_old_connections()
             return None

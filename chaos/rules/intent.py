@@ -60,7 +60,11 @@ def fired_while_paused(history: History, config: CheckConfig) -> list[Violation]
                 or not since < row.created_at < until
             ):
                 continue
-            writers = [t.node_id for t in history.terms if t.term == row.term]
+            writers = [
+                t.node_id
+                for t in history.terms
+                if t.term == row.term and t.partition == row.partition
+            ]
             if any(
                 clock_off(history, w, row.created_at - 10, row.created_at + 10) for w in writers
             ):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -1228,3 +1229,73 @@ def test_a_start_after_lost_not_explained_by_a_freeze_at_start_is_a_violation(
     if freeze_from > 1.2:  # the freeze began after the run was declared lost: nothing excuses it
         expected.add(c.UNEXCUSED_LOST)
     assert set(report.by_kind()) == expected, report.render()
+
+
+# --- scheduling partitions: leadership is judged per partition ------------------------------------
+
+
+def _partitioned(h: History) -> History:
+    """Job 2 is in partition 1, led by n2 in its own terms 1 (until T0 + 6) and 2 (n3, from
+    T0 + 6.1): the same term numbers as partition 0's, at other times."""
+    h.terms += [
+        Term(1, "n2", T0 - 20, T0 + 6.0, "stepped_down", partition=1),
+        Term(2, "n3", T0 + 6.1, None, "", partition=1),
+    ]
+    h.term_claims += [
+        TermClaim("n2", 1, T0 - 20, partition=1),
+        TermClaim("n3", 2, T0 + 6.1, partition=1),
+    ]
+    h.executions = [
+        dataclasses.replace(
+            e,
+            partition=1,
+            term=1 if e.scheduled_for < T0 + 7 else 2,
+            created_at=e.scheduled_for - 0.8,
+        )
+        if e.job_id == 2
+        else e
+        for e in h.executions
+    ]
+    h.commits = [
+        Commit(0, writer_term=1, fence_term=1, raised_to=None, fires=1),
+        Commit(1, writer_term=1, fence_term=1, raised_to=None, fires=1, partition=1),
+        Commit(2, writer_term=None, fence_term=1, raised_to=2),
+        # Partition 1's term 1 still writes after partition 0's fence reached term 2: its own
+        # fence is still at 1.
+        Commit(3, writer_term=1, fence_term=1, raised_to=None, fires=1, partition=1),
+        Commit(4, writer_term=None, fence_term=1, raised_to=2, partition=1),
+        Commit(5, writer_term=2, fence_term=2, raised_to=None, fires=1, partition=1),
+    ]
+    return h
+
+
+def test_partitions_sharing_term_numbers_are_not_mistaken_for_each_other() -> None:
+    report = check(_partitioned(clean()))
+    assert report.violations == [], [v.message for v in report.violations]
+    assert report.terms == 4
+
+
+def test_a_stale_write_in_one_partition_is_found_in_that_partition() -> None:
+    h = _partitioned(clean())
+    # Partition 1's old term 1 commits on its fence after term 2 raised it, and writes a fire
+    # after its successor had begun.
+    h.commits.append(Commit(6, writer_term=1, fence_term=2, raised_to=None, fires=1, partition=1))
+    late = _find(h, 2, 8)
+    h.executions[h.executions.index(late)] = dataclasses.replace(late, term=1)
+    # Partition 1's term 2 claimed by a second node too.
+    h.term_claims.append(TermClaim("n1", 2, T0 + 6.2, partition=1))
+    kinds = Counter(v.kind for v in check(h).violations)
+    assert kinds == {c.STALE_COMMIT: 1, c.STALE_TERM_WRITE: 1, c.TERM_HELD_TWICE: 2}
+
+
+def test_term_claims_name_their_partition() -> None:
+    text = "\n".join(
+        [
+            '{"ts": "2026-12-06T12:00:00+00:00", "msg": "started leading (term 3)"}',
+            '{"ts": "2026-12-06T12:00:01+00:00", "msg": "started leading partition 5 (term 3)"}',
+            "2026-12-06 12:00:02,000 INFO cluster.node started leading partition 2 (term 9)",
+            '{"ts": "2026-12-06T12:00:03+00:00", "msg": "n1 started leading scheduler-leader-p5 in term 4"}',
+        ]
+    )
+    claims = parse_term_claims("n1", text)
+    assert [(c.partition, c.term) for c in claims] == [(0, 3), (5, 3), (2, 9)]

@@ -48,6 +48,7 @@ from chaos.runner import (
     check_config,
     fault_kinds,
 )
+from jobs import partitioning
 
 MAX_MINUTES = 24 * 60
 MIN_NODES, MAX_NODES = 2, 9
@@ -173,6 +174,12 @@ class Command(BaseCommand):
         parser.add_argument("--nodes", type=int, default=3)
         parser.add_argument("--jobs", type=int, default=10)
         parser.add_argument(
+            "--partitions",
+            type=int,
+            default=1,
+            help="Scheduling partitions the jobs are split into, each with a leader of its own",
+        )
+        parser.add_argument(
             "--keep",
             action="store_true",
             help="Keep the run directory (node logs, history) even after a clean run",
@@ -196,6 +203,9 @@ class Command(BaseCommand):
             raise _usage(ERR_NODES)
         if not MIN_JOBS <= options["jobs"] <= MAX_JOBS:
             raise _usage(ERR_JOBS)
+        partitions_problem = partitioning.count_problem(options["partitions"])
+        if partitions_problem:
+            raise _usage(f"--partitions: {partitions_problem}")
         url = options["database_url"]
         private = options["database"] == "mariadb"
         if private and url is not None:
@@ -253,13 +263,16 @@ class Command(BaseCommand):
                 private_mariadb=private,
                 kinds=kinds,
                 durations=durations,
+                partitions=options["partitions"],
             )
             plan_path = run_dir / "plan.json"
             plan.dump(plan_path)
             where = "a private MariaDB" if private else url if on_mysql else "SQLite"
             self.stdout.write(
                 f"chaos: seed {seed}, {minutes:g} min, {options['nodes']} nodes, "
-                f"{options['jobs']} jobs, {options['coordination']} coordination, "
+                f"{options['jobs']} jobs, "
+                + (f"{options['partitions']} partitions, " if options["partitions"] > 1 else "")
+                + f"{options['coordination']} coordination, "
                 f"database {where}; run dir {run_dir}"
             )
             code = self._run_child(plan_path, url, run_dir, timeout=minutes * 60 + CHILD_OVERHEAD_S)
