@@ -165,8 +165,9 @@ def run_once(
     warmup_s: float | None = None,
     policy: str = "forbid",
     profile: Path | None = None,
+    partitions: int = 1,
 ) -> dict[str, Any]:
-    from jobs import schedules
+    from jobs import partitioning, schedules
     from jobs.models import Job, JobExecution
     from jobs.states import ExecutionStatus
 
@@ -191,6 +192,8 @@ def run_once(
             Job.objects.filter(name=_job_name(0)).values_list("kwargs", flat=True)[0]["path"]
         )
         path.parent.mkdir(parents=True, exist_ok=True)
+    # The nodes are stopped: the partition count may change (every job moves to its partition).
+    partitioning.set_count(partitions)
     # The jobs' first fires start from after this statement (creating a million jobs takes
     # minutes, and the runs of an earlier measurement are gone): each job's first due instant
     # (slot + its spread offset) comes after ``soon``, which allows for the statement itself
@@ -270,6 +273,7 @@ def run_once(
         "concurrency_policy": policy,
         "offered_per_s": jobs / interval,
         "nodes": nodes,
+        "partitions": partitions,
         "jobs_created_s": created_s,
         "window_s": window_s,
         "due": due,
@@ -300,6 +304,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0, help="offered fires per second")
     parser.add_argument("--nodes", type=int, nargs="+", default=[3])
     parser.add_argument("--window", type=float, default=40.0, help="seconds measured")
+    parser.add_argument(
+        "--partitions", type=int, default=1, help="scheduling partitions (each its own leader)"
+    )
     parser.add_argument("--keep", action="store_true", help="reuse the jobs already defined")
     parser.add_argument(
         "--policy",
@@ -337,7 +344,8 @@ def main() -> None:
     try:
         for index, count in enumerate(args.nodes):
             print(
-                f"W6: {args.jobs:,} jobs, {args.rate:,.0f} fires/s offered, {count} nodes ...",
+                f"W6: {args.jobs:,} jobs, {args.rate:,.0f} fires/s offered, {count} nodes, "
+                f"{args.partitions} partition(s) ...",
                 flush=True,
             )
             run = run_once(
@@ -350,6 +358,7 @@ def main() -> None:
                 warmup_s=args.warmup,
                 policy=args.policy,
                 profile=args.profile / f"nodes{count}" if args.profile else None,
+                partitions=args.partitions,
             )
             results["runs"].append(run)
             print(json.dumps(run, indent=2, default=str), flush=True)
