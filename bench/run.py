@@ -103,9 +103,17 @@ def read_records(path: Path) -> list[tuple[str, float, int, float, int]]:
 
 class Environment:
     def __init__(
-        self, database_url: str, workdir: Path, *, pin_cpus: bool = True, recreate: bool = True
+        self,
+        database_url: str,
+        workdir: Path,
+        *,
+        pin_cpus: bool = True,
+        recreate: bool = True,
+        partitions: int = 1,
     ) -> None:
         self.workdir = workdir
+        # The scheduling partitions every workload's jobs are split into (set at each reset).
+        self.partitions = partitions
         # Node i pinned to the i-th CPU in turn (runnode --cpus; see cluster.affinity).
         self.cpus = sorted(os.sched_getaffinity(0)) if pin_cpus else []
         self.redis = RedisServer("bench", workdir)
@@ -169,6 +177,9 @@ class Environment:
             CoordinationLease,
         ):
             model.objects.all().delete()
+        from jobs import partitioning
+
+        partitioning.set_count(self.partitions)
         self.prefix_count += 1
         prefix = f"bench{os.getpid()}n{self.prefix_count}"
         os.environ["SCHEDULER_REDIS_PREFIX"] = prefix
@@ -863,6 +874,12 @@ def main() -> None:
     )
     parser.add_argument("workloads", nargs="*", default=["w1", "w1b", "w2", "w3", "w4"])
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="scheduling partitions the jobs are split into (each its own leader)",
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip the Celery peer")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--table", help="also write the summary table (Markdown) to this file")
@@ -892,7 +909,7 @@ def main() -> None:
     hog = CpuHog(args.hog) if args.hog else None
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
     workdir = Path(tempfile.mkdtemp(prefix="sched-bench-"))
-    env = Environment(database_url, workdir, pin_cpus=not args.no_pin)
+    env = Environment(database_url, workdir, pin_cpus=not args.no_pin, partitions=args.partitions)
     # This process is the submitting client of both systems (our enqueue and batch services, the
     # peer's apply_async): loaded as a web process is, and frozen as one is (freeze_loaded).
     from cluster.startup import freeze_loaded
@@ -905,6 +922,7 @@ def main() -> None:
         if env.cpus
         else None,
         "hog_processes": args.hog,
+        "partitions": args.partitions,
         "cpus": os.cpu_count(),
         "load_average_at_start": os.getloadavg(),
         # The host's core speed (CPU ms of a fixed workload; lower is faster): rates measured
