@@ -6,7 +6,8 @@ jobs nor the backlog):
 
 - *fires*: how long past its due instant the earliest fire the leader has not yet written is
   (``Job.next_fire_at`` of the earliest enabled job); a leader that keeps up writes each fire
-  ahead of it, so this stays at 0;
+  ahead of it, so this stays at 0. With several scheduling partitions the reason names that
+  job's partition and the node leading it;
 - *claims*: how long the oldest run due and pending has waited unclaimed, and how many have
   waited past the threshold (the read looks at no more than ``SAMPLE_LIMIT`` unclaimed runs).
 
@@ -27,7 +28,9 @@ from typing import Any
 
 from cluster import node_metrics
 from cluster.clock import Clock
-from cluster.scheduler import earliest_next_fire
+from cluster.models import LeadershipTerm
+from cluster.scheduler import earliest_fire_and_partition
+from jobs import partitioning
 from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
 
@@ -45,6 +48,10 @@ class Lag:
     claims_s: float = 0.0
     waiting: int = 0  # due runs unclaimed past the threshold (at most SAMPLE_LIMIT)
     queue: str = ""  # the queue of the oldest of them
+    # With several scheduling partitions: the partition of the most overdue fire, and its leader
+    # ("" when nobody leads it).
+    partition: int | None = None
+    partition_leader: str = ""
 
     @property
     def worst_s(self) -> float:
@@ -59,8 +66,20 @@ def measure(*, now: datetime, threshold_s: float) -> Lag:
     enqueued for later included); within each queue and priority the oldest come first, so the
     lag it finds is the true one unless the first SAMPLE_LIMIT belong to one queue and priority,
     and then it is a lower bound."""
-    earliest = earliest_next_fire()
-    fires_s = max(0.0, (now - earliest).total_seconds()) if earliest is not None else 0.0
+    earliest = earliest_fire_and_partition()
+    fires_s = max(0.0, (now - earliest[0]).total_seconds()) if earliest is not None else 0.0
+    partition: int | None = None
+    partition_leader = ""
+    if fires_s >= threshold_s and earliest is not None and partitioning.count() > 1:
+        partition = earliest[1]
+        partition_leader = (
+            LeadershipTerm.objects.filter(partition=partition, ended_at__isnull=True)
+            .order_by("-term")
+            .values_list("node_id", flat=True)
+            .first()
+            or ""
+        )
+    behind = {"partition": partition, "partition_leader": partition_leader}
     rows = list(
         JobExecution.objects.filter(status=ExecutionStatus.PENDING, claim_token__isnull=True)
         .order_by("queue", "-priority", "run_after", "id")
@@ -68,7 +87,7 @@ def measure(*, now: datetime, threshold_s: float) -> Lag:
     )
     due = [(run_after, queue) for run_after, queue in rows if run_after <= now]
     if not due:
-        return Lag(fires_s=fires_s)
+        return Lag(fires_s=fires_s, **behind)
     oldest, queue = min(due)
     cutoff = now - timedelta(seconds=threshold_s)
     return Lag(
@@ -76,6 +95,7 @@ def measure(*, now: datetime, threshold_s: float) -> Lag:
         claims_s=(now - oldest).total_seconds(),
         waiting=sum(run_after <= cutoff for run_after, _ in due),
         queue=queue,
+        **behind,
     )
 
 
@@ -88,7 +108,13 @@ def reasons(
 ) -> list[str]:
     """Why the cluster is behind, most telling first (pure: the figures are passed in)."""
     why = []
-    if lag.fires_s >= threshold_s:
+    if lag.fires_s >= threshold_s and lag.partition is not None:
+        leader = f"led by {lag.partition_leader}" if lag.partition_leader else "no leader"
+        why.append(
+            f"partition {lag.partition}'s tick ({leader}): fires written {lag.fires_s:.1f} s "
+            "after they were due"
+        )
+    elif lag.fires_s >= threshold_s:
         why.append(f"the leader's tick: fires written {lag.fires_s:.1f} s after they were due")
     if lag.claims_s >= threshold_s:
         queue = f" in queue {lag.queue!r}" if lag.queue else ""

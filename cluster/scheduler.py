@@ -202,5 +202,21 @@ def earliest_next_fire(partition: int | None = None) -> datetime | None:
     """The next instant any enabled job (of ``partition``, or of any) is due (one index lookup)."""
     jobs = Job.objects.filter(enabled=True, next_fire_at__isnull=False)
     if partition is not None:
-        jobs = jobs.filter(partition=partition)
-    return jobs.order_by("next_fire_at").values_list("next_fire_at", flat=True).first()
+        return (
+            jobs.filter(partition=partition)
+            .order_by("next_fire_at")
+            .values_list("next_fire_at", flat=True)
+            .first()
+        )
+    earliest = earliest_fire_and_partition()
+    return earliest[0] if earliest else None
+
+
+def earliest_fire_and_partition() -> tuple[datetime, int] | None:
+    """The next instant any enabled job is due, and that job's partition (one index lookup)."""
+    return (
+        Job.objects.filter(enabled=True, next_fire_at__isnull=False)
+        .order_by("next_fire_at")
+        .values_list("next_fire_at", "partition")
+        .first()
+    )

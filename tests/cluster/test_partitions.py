@@ -314,3 +314,33 @@ def test_a_node_that_sees_the_count_change_drains(make_sim, caplog) -> None:
     # The drain (a thread of its own, as in a node) ends with every lease given back.
     sim.advance_until(runner.stop_event.is_set, limit=30)
     assert not any(seat.holds_lease for seat in runner.seats)
+
+
+@pytest.mark.django_db
+def test_behind_names_the_partition_of_the_most_overdue_fire_and_its_leader() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from cluster import behind
+
+    partitioning.set_count(4)
+    now = timezone.now()
+    job = services.job_create(
+        data={"name": "late", "task": "noop", "schedule_type": "interval", "interval_seconds": 5},
+        by=services.SYSTEM,
+    )
+    Job.objects.filter(pk=job.pk).update(next_fire_at=now - timedelta(seconds=30))
+    lag = behind.measure(now=now, threshold_s=5)
+    assert (lag.partition, lag.partition_leader) == (job.partition, "")
+    LeadershipTerm.objects.create(partition=job.partition, term=3, node_id="n9", acquired_at=now)
+    lag = behind.measure(now=now, threshold_s=5)
+    why = behind.reasons(lag, threshold_s=5, round_trip_s=None, served_queues=None)
+    assert why[0].startswith(f"partition {job.partition}'s tick (led by n9): fires written 30")
+    # One partition: the reason is the leader's, as it always was.
+    partitioning.set_count(1)
+    lag = behind.measure(now=now, threshold_s=5)
+    assert lag.partition is None
+    assert behind.reasons(lag, threshold_s=5, round_trip_s=None, served_queues=None)[0].startswith(
+        "the leader's tick"
+    )
