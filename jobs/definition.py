@@ -31,6 +31,8 @@ from jobs.models import (
     MAX_SPREAD_S,
     MAX_TIMEOUT_S,
     ConcurrencyPolicy,
+    DstMissing,
+    DstRepeated,
     Isolation,
     MisfirePolicy,
     ScheduleType,
@@ -170,6 +172,26 @@ FIELDS: tuple[FieldRule, ...] = (
         default="UTC",
         choices=timezone_names,
         choice_error="unknown time zone {value!r} (use an IANA name such as 'Europe/Berlin')",
+        schedule=ScheduleType.CRON,
+    ),
+    FieldRule(
+        "dst_repeated",
+        CHOICE,
+        "When the clocks go back and the fire's wall time happens twice: cron (once for a fixed "
+        "hour, both times for a wildcard hour), first, last or both.",
+        label="Repeated hour (DST)",
+        default=DstRepeated.CRON.value,
+        choices=DstRepeated,
+        schedule=ScheduleType.CRON,
+    ),
+    FieldRule(
+        "dst_missing",
+        CHOICE,
+        "When the clocks go forward and the fire's wall time does not happen: cron (shift a "
+        "fixed hour, skip a wildcard hour), shift (fire just after the change) or skip.",
+        label="Skipped hour (DST)",
+        default=DstMissing.CRON.value,
+        choices=DstMissing,
         schedule=ScheduleType.CRON,
     ),
     FieldRule(

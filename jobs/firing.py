@@ -58,6 +58,9 @@ class Schedule:
     interval_seconds: int | None = None
     start_at: datetime | None = None
     run_at: datetime | None = None
+    # A cron job's DST rules (jobs.schedules: "cron" is cronie's).
+    dst_repeated: str = "cron"
+    dst_missing: str = "cron"
 
     @classmethod
     def of(cls, job: Job) -> Schedule:
@@ -68,6 +71,8 @@ class Schedule:
             interval_seconds=job.interval_seconds,
             start_at=job.start_at,
             run_at=job.run_at,
+            dst_repeated=job.dst_repeated,
+            dst_missing=job.dst_missing,
         )
 
     @classmethod
@@ -80,6 +85,8 @@ class Schedule:
             interval_seconds=values.get("interval_seconds"),
             start_at=values.get("start_at"),
             run_at=values.get("run_at"),
+            dst_repeated=values.get("dst_repeated") or "cron",
+            dst_missing=values.get("dst_missing") or "cron",
         )
 
 
@@ -94,6 +101,8 @@ def next_slot(schedule: Schedule, after: datetime) -> datetime | None:
         timezone=schedule.timezone,
         interval_seconds=schedule.interval_seconds,
         start_at=schedule.start_at,
+        dst_repeated=schedule.dst_repeated,
+        dst_missing=schedule.dst_missing,
     )
 
 

@@ -28,6 +28,7 @@ from jobs.definition import (
     LIST,
     NUMBER,
     OBJECT,
+    RULES,
     SCHEDULE_FIELDS,
     WRITABLE_FIELDS,
     FieldRule,
@@ -212,6 +213,8 @@ class JobForm(forms.Form):
         if schedule_type == ScheduleType.CRON:
             data["cron_expression"] = data["cron_expression"] or ""
             data["timezone"] = data["timezone"] or "UTC"
+            for name in ("dst_repeated", "dst_missing"):  # not sent: cron's own rules
+                data[name] = data[name] or RULES[name].default
         run_at = data.get("run_at")
         if self.job is not None and self.job.run_at and run_at:
             # The input keeps whole seconds: an untouched run_at must compare equal to the stored

@@ -40,6 +40,23 @@ class MisfirePolicy(models.TextChoices):
     RUN_ALL = "run_all", "Run all (bounded)"
 
 
+class DstRepeated(models.TextChoices):
+    """A cron job's wall time that happens twice (the clocks go back): when it fires."""
+
+    CRON = "cron", "As cron does (once for a fixed hour, both times for a wildcard hour)"
+    FIRST = "first", "Once, the first time"
+    LAST = "last", "Once, the second time"
+    BOTH = "both", "Both times"
+
+
+class DstMissing(models.TextChoices):
+    """A cron job's wall time that does not happen (the clocks go forward): what it does."""
+
+    CRON = "cron", "As cron does (shift a fixed hour, skip a wildcard hour)"
+    SHIFT = "shift", "Fire once just after the change"
+    SKIP = "skip", "Do not fire"
+
+
 class ConcurrencyPolicy(models.TextChoices):
     FORBID = "forbid", "Forbid"
     BUFFER_ONE = "buffer_one", "Buffer one"
@@ -83,6 +100,9 @@ class Job(models.Model):
     schedule_type = models.CharField(max_length=16, choices=ScheduleType.choices)
     cron_expression = models.CharField(max_length=200, blank=True, default="")
     timezone = models.CharField(max_length=64, default="UTC")
+    # What a cron job does on the days its time zone changes offset (jobs.schedules).
+    dst_repeated = models.CharField(max_length=8, choices=DstRepeated.choices, default="cron")
+    dst_missing = models.CharField(max_length=8, choices=DstMissing.choices, default="cron")
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     # Interval slots are start_at + k * interval; with no start_at they are aligned to the Unix epoch.
     start_at = models.DateTimeField(null=True, blank=True)

@@ -51,6 +51,11 @@ and "wildcard-hour" when it does (``*``, ``*/2``); this is Vixie cron's HR_STAR 
   05:30 UTC only). A wildcard-hour job fires at BOTH occurrences, i.e. it keeps firing every real
   interval (``*/30 * * * *`` fires at 05:00, 05:30, 06:00 and 06:30 UTC).
 
+Those are the defaults (``DST_CRON``). A job may choose its own rule for each case instead:
+``dst_repeated`` = ``first`` / ``last`` / ``both`` occurrences of a repeated wall time, and
+``dst_missing`` = ``shift`` (fire once at the first instant after the gap) / ``skip`` (do not
+fire) for a wall time that does not exist.
+
 Interval and once
 -----------------
 Interval schedules are pure elapsed time in UTC; DST never affects them. The slots are
@@ -141,6 +146,22 @@ ERR_RUN_AT_REQUIRED = "run_at is required for a once schedule"
 ERR_UNKNOWN_SCHEDULE_TYPE = "unknown schedule type {value!r}; expected one of cron, interval, once"
 ERR_NAIVE_DATETIME = "{name} must be timezone-aware, got a naive datetime"
 ERR_SPREAD_NEGATIVE = "spread_seconds must not be negative, got {value!r}"
+ERR_DST_POLICY = "{field} must be one of {allowed}, got {value!r}"
+
+# DST rules a cron job may choose (``DST_CRON``: cronie's, by the hour field, as described above).
+DST_CRON = "cron"
+DST_FIRST, DST_LAST, DST_BOTH = "first", "last", "both"
+DST_SHIFT, DST_SKIP = "shift", "skip"
+DST_REPEATED = (DST_CRON, DST_FIRST, DST_LAST, DST_BOTH)
+DST_MISSING = (DST_CRON, DST_SHIFT, DST_SKIP)
+DST_REPEATED_WORDS = {
+    DST_FIRST: "once, the first time",
+    DST_LAST: "once, the second time",
+    DST_BOTH: "both times",
+}
+DST_MISSING_WORDS = {DST_SHIFT: "fires just after the change", DST_SKIP: "does not fire"}
+FIELD_DST_REPEATED = "dst_repeated"
+FIELD_DST_MISSING = "dst_missing"
 
 MACROS = {
     "@yearly": "0 0 1 1 *",
@@ -504,25 +525,58 @@ def _resolve(wall: datetime, tz: ZoneInfo) -> tuple[str, datetime, datetime]:
     return _GAP, transition, transition
 
 
-def _cron_next(spec: CronSpec, tz: ZoneInfo, after: datetime) -> datetime | None:
+def _dst_rules(spec: CronSpec, repeated: str, missing: str) -> tuple[str, str]:
+    """The job's DST rules, cronie's (by the hour field) where it chose ``DST_CRON``."""
+    if repeated not in DST_REPEATED:
+        raise ScheduleError(
+            FIELD_DST_REPEATED,
+            ERR_DST_POLICY.format(
+                field=FIELD_DST_REPEATED, allowed=", ".join(DST_REPEATED), value=repeated
+            ),
+        )
+    if missing not in DST_MISSING:
+        raise ScheduleError(
+            FIELD_DST_MISSING,
+            ERR_DST_POLICY.format(
+                field=FIELD_DST_MISSING, allowed=", ".join(DST_MISSING), value=missing
+            ),
+        )
+    if repeated == DST_CRON:
+        repeated = DST_BOTH if spec.hour_star else DST_FIRST
+    if missing == DST_CRON:
+        missing = DST_SKIP if spec.hour_star else DST_SHIFT
+    return repeated, missing
+
+
+def _cron_next(
+    spec: CronSpec,
+    tz: ZoneInfo,
+    after: datetime,
+    repeated: str = DST_CRON,
+    missing: str = DST_CRON,
+) -> datetime | None:
     """Earliest UTC fire instant strictly after ``after`` (aware, UTC); None if none exists."""
+    repeated, missing = _dst_rules(spec, repeated, missing)
     try:
-        return _cron_search(spec, tz, after)
+        return _cron_search(spec, tz, after, repeated, missing)
     except OverflowError:
         # Local or UTC arithmetic ran past datetime's year 9999 limit: no representable fire.
         return None
 
 
-def _cron_search(spec: CronSpec, tz: ZoneInfo, after: datetime) -> datetime | None:
-    """The search behind _cron_next, per the DST rules in the module docstring."""
+def _cron_search(
+    spec: CronSpec, tz: ZoneInfo, after: datetime, repeated: str, missing: str
+) -> datetime | None:
+    """The search behind _cron_next, per the DST rules in the module docstring (``repeated`` and
+    ``missing`` resolved: never DST_CRON here)."""
     local = after.astimezone(tz)
     wall = local.replace(tzinfo=None)
     best: datetime | None = None
 
-    # Phase A. A wildcard-hour job fires at both passes of an overlap. When ``after`` lies in the
-    # first pass, wall times slightly BEFORE its own wall time still have a second-pass instant
-    # that is later than ``after``; the first such match is the earliest of them.
-    if spec.hour_star and local.fold == 0:
+    # Phase A. A job that fires at the second pass of an overlap (``last`` or ``both``): when
+    # ``after`` lies in the first pass, wall times slightly BEFORE its own wall time still have a
+    # second-pass instant that is later than ``after``; the first such match is the earliest.
+    if repeated != DST_FIRST and local.fold == 0:
         kind, first, second = _resolve(wall, tz)
         if kind == _AMBIGUOUS:
             overlap = second - first  # size of the fall-back jump
@@ -550,33 +604,40 @@ def _cron_search(spec: CronSpec, tz: ZoneInfo, after: datetime) -> datetime | No
         if best is not None and earliest >= best:
             return best
         if kind == _GAP:
-            fires = [] if spec.hour_star else [first]
+            fires = [] if missing == DST_SKIP else [first]
         elif kind == _AMBIGUOUS:
-            fires = [first, second] if spec.hour_star else [first]
+            fires = {DST_FIRST: [first], DST_LAST: [second], DST_BOTH: [first, second]}[repeated]
         else:
             fires = [first]
         for fire in fires:
             if fire > after and (best is None or fire < best):
                 best = fire
         cursor = candidate
-        if kind == _GAP and spec.hour_star:
-            # Nothing in the gap fires for a wildcard-hour job: resume at the gap's end.
+        if kind == _GAP and missing == DST_SKIP:
+            # Nothing in the gap fires: resume at the gap's end.
             gap_end = first.astimezone(tz).replace(tzinfo=None)
             cursor = max(cursor, gap_end - ONE_MICROSECOND)
-        elif kind == _AMBIGUOUS and not spec.hour_star and first <= after:
-            # ``after`` is in the second pass and a fixed-hour job only fires in the first one:
-            # no other wall time of this overlap can fire, so resume at the overlap's end.
+        elif kind == _AMBIGUOUS and repeated == DST_FIRST and first <= after:
+            # ``after`` is in the second pass and the job only fires in the first one: no other
+            # wall time of this overlap can fire, so resume at the overlap's end.
             transition = _transition_between(tz, first, second)
             overlap_end = transition.astimezone(tz).replace(tzinfo=None) + (second - first)
             cursor = max(cursor, overlap_end - ONE_MICROSECOND)
 
 
-def cron_next_after(expression: str, tz_name: str, after: datetime) -> datetime:
+def cron_next_after(
+    expression: str,
+    tz_name: str,
+    after: datetime,
+    *,
+    dst_repeated: str = DST_CRON,
+    dst_missing: str = DST_CRON,
+) -> datetime:
     """Next fire (UTC) of a cron expression in time zone ``tz_name``, strictly after ``after``."""
     _require_aware(after, "after")
     spec = parse_cron(expression)
     tz = validate_timezone(tz_name)
-    result = _cron_next(spec, tz, after.astimezone(UTC))
+    result = _cron_next(spec, tz, after.astimezone(UTC), dst_repeated, dst_missing)
     if result is None:
         # Only reachable near datetime's year 9999 limit: parse_cron guarantees a fire otherwise.
         # (next_fire_after returns None here instead: "no further fire".)
@@ -632,6 +693,8 @@ def next_fire_after(
     interval_seconds: int | None = None,
     start_at: datetime | None = None,
     run_at: datetime | None = None,
+    dst_repeated: str = DST_CRON,
+    dst_missing: str = DST_CRON,
 ) -> datetime | None:
     """The job's next nominal fire time (UTC) strictly after ``after``; None if it has none.
 
@@ -644,7 +707,7 @@ def next_fire_after(
             raise ScheduleError(FIELD_CRON, ERR_CRON_REQUIRED)
         spec = parse_cron(cron_expression)
         tz = validate_timezone(timezone)
-        return _cron_next(spec, tz, after)
+        return _cron_next(spec, tz, after, dst_repeated, dst_missing)
     if schedule_type == SCHEDULE_INTERVAL:
         interval = _check_interval(interval_seconds)
         if start_at is not None:
@@ -676,6 +739,85 @@ def next_fires(*, count: int, after: datetime, **schedule_kwargs: Any) -> list[d
         fires.append(fire)
         reference = fire
     return fires
+
+
+# How far ahead, and how many, DST changes a preview shows (a zone changes twice a year at most).
+DST_LOOKAHEAD_DAYS = 800
+DST_PREVIEW_CHANGES = 2
+# Fires shown per DST day at most (a job every second would fire 86,400 times).
+DST_PREVIEW_FIRES = 30
+
+
+@dataclass(frozen=True)
+class DstDay:
+    """A day the job's time zone changes its offset, and the job's fires that local day."""
+
+    change: datetime  # the UTC instant of the change
+    direction: str  # "forward" (a gap: spring) or "back" (an overlap: autumn)
+    fires: list[datetime]
+    more: bool  # more fires that day than DST_PREVIEW_FIRES
+
+
+def dst_changes(
+    tz_name: str, after: datetime, *, count: int = DST_PREVIEW_CHANGES
+) -> list[datetime]:
+    """The next ``count`` instants (UTC) after ``after`` at which the zone's offset changes,
+    within DST_LOOKAHEAD_DAYS (none for a zone without DST)."""
+    tz = validate_timezone(tz_name)
+    found: list[datetime] = []
+    # Whole seconds: the search below finds a change to the second, and tzdata's are on one.
+    cursor = _require_aware(after, "after").astimezone(UTC).replace(microsecond=0)
+    step = timedelta(hours=12)
+    offset = cursor.astimezone(tz).utcoffset()
+    for _ in range(DST_LOOKAHEAD_DAYS * 2):
+        following = cursor + step
+        next_offset = following.astimezone(tz).utcoffset()
+        if next_offset != offset:
+            found.append(_transition_between(tz, cursor, following))
+            if len(found) >= count:
+                break
+        cursor, offset = following, next_offset
+    return found
+
+
+def dst_days(
+    *,
+    after: datetime,
+    cron_expression: str,
+    timezone: str = "UTC",
+    dst_repeated: str = DST_CRON,
+    dst_missing: str = DST_CRON,
+    count: int = DST_PREVIEW_CHANGES,
+) -> list[DstDay]:
+    """A cron job's fires on each of the next ``count`` local days its zone changes offset, under
+    its DST rules: what a preview shows so the choice can be seen."""
+    spec = parse_cron(cron_expression)
+    tz = validate_timezone(timezone)
+    days = []
+    for change in dst_changes(timezone, after, count=count):
+        before = (change - ONE_MICROSECOND).astimezone(tz).utcoffset() or timedelta(0)
+        direction = (
+            "forward" if (change.astimezone(tz).utcoffset() or timedelta(0)) > before else "back"
+        )
+        local_day = (change - ONE_MICROSECOND).astimezone(tz).date()
+        start = datetime.combine(local_day, datetime.min.time(), tzinfo=tz).astimezone(UTC)
+        end = datetime.combine(
+            local_day + timedelta(days=1), datetime.min.time(), tzinfo=tz
+        ).astimezone(UTC)
+        fires: list[datetime] = []
+        cursor = start - ONE_MICROSECOND
+        more = False
+        while True:
+            fire = _cron_next(spec, tz, cursor, dst_repeated, dst_missing)
+            if fire is None or fire >= end:
+                break
+            if len(fires) == DST_PREVIEW_FIRES:
+                more = True
+                break
+            fires.append(fire)
+            cursor = fire
+        days.append(DstDay(change, direction, fires, more))
+    return days
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,14 +868,24 @@ def describe_schedule(
     interval_seconds: int | None = None,
     run_at: datetime | None = None,
     timezone: str = "UTC",
+    dst_repeated: str = DST_CRON,
+    dst_missing: str = DST_CRON,
 ) -> str:
     """One line for humans: "Every 90 seconds", "Once at 2026-12-01 10:00 UTC",
-    "At 02:30 AM (Europe/Berlin)"."""
+    "At 02:30 AM (Europe/Berlin)", and a cron job's DST rules when it chose its own."""
     if schedule_type == SCHEDULE_CRON:
         if not cron_expression:
             raise ScheduleError(FIELD_CRON, ERR_CRON_REQUIRED)
         validate_timezone(timezone)
-        return f"{describe_cron(cron_expression)} ({timezone})"
+        rules = []
+        if dst_repeated != DST_CRON:
+            rules.append(
+                f"a repeated hour fires {DST_REPEATED_WORDS.get(dst_repeated, dst_repeated)}"
+            )
+        if dst_missing != DST_CRON:
+            rules.append(f"a skipped hour {DST_MISSING_WORDS.get(dst_missing, dst_missing)}")
+        tail = f"; DST: {', '.join(rules)}" if rules else ""
+        return f"{describe_cron(cron_expression)} ({timezone}){tail}"
     if schedule_type == SCHEDULE_INTERVAL:
         return _describe_interval(_check_interval(interval_seconds))
     if schedule_type == SCHEDULE_ONCE:

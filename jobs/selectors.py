@@ -30,6 +30,8 @@ def job_schedule_description(job: Job) -> str:
             interval_seconds=job.interval_seconds,
             run_at=job.run_at,
             timezone=job.timezone,
+            dst_repeated=job.dst_repeated,
+            dst_missing=job.dst_missing,
         )
     except schedules.ScheduleError:
         return ""

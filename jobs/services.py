@@ -51,6 +51,8 @@ SCHEDULE_INPUTS = (
     "start_at",
     "run_at",
     "spread_seconds",
+    "dst_repeated",
+    "dst_missing",
 )
 
 

@@ -211,9 +211,27 @@ class AuditEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class DstDaySerializer(serializers.Serializer):
+    change = serializers.DateTimeField(help_text="When the time zone changes its offset (UTC).")
+    direction = serializers.ChoiceField(
+        choices=["forward", "back"],
+        help_text="forward: an hour is skipped (spring); back: an hour happens twice (autumn).",
+    )
+    fires = serializers.ListField(
+        child=serializers.DateTimeField(),
+        help_text="The job's fires that local day under its DST rules.",
+    )
+    more = serializers.BooleanField(help_text="More fires that day than listed.")
+
+
 class SchedulePreviewSerializer(serializers.Serializer):
     next_fires = serializers.ListField(child=serializers.DateTimeField())
     description = serializers.CharField()
+    dst_days = DstDaySerializer(
+        many=True,
+        help_text="A cron schedule's fires on the next days its time zone changes offset (none "
+        "for other schedules, or a zone without DST).",
+    )
 
     def to_representation(self, instance: Any) -> Any:
         return instance

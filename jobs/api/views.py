@@ -271,6 +271,31 @@ class SchedulePreviewView(APIView):
             description = schedules.describe_schedule(
                 **{k: v for k, v in kwargs.items() if k != "start_at"}
             )
+            days = (
+                schedules.dst_days(
+                    after=now,
+                    cron_expression=kwargs["cron_expression"],
+                    timezone=kwargs["timezone"],
+                    dst_repeated=kwargs["dst_repeated"],
+                    dst_missing=kwargs["dst_missing"],
+                )
+                if kwargs["schedule_type"] == schedules.SCHEDULE_CRON
+                else []
+            )
         except schedules.ScheduleError as exc:
             raise ValidationError({exc.field: [exc.message]}) from exc
-        return Response({"next_fires": [f.isoformat() for f in fires], "description": description})
+        return Response(
+            {
+                "next_fires": [f.isoformat() for f in fires],
+                "description": description,
+                "dst_days": [
+                    {
+                        "change": day.change.isoformat(),
+                        "direction": day.direction,
+                        "fires": [f.isoformat() for f in day.fires],
+                        "more": day.more,
+                    }
+                    for day in days
+                ],
+            }
+        )

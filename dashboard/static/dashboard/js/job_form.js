@@ -135,6 +135,8 @@
       if (!jobZone()) return { error: ["timezone", "Unknown time zone '" + zoneName + "' (use an IANA name such as Europe/Berlin)."] };
       params.set("cron_expression", expression);
       params.set("timezone", zoneName);
+      params.set("dst_repeated", field("dst_repeated").value || "cron");
+      params.set("dst_missing", field("dst_missing").value || "cron");
     } else if (type === "interval") {
       var seconds = field("interval_seconds").value.trim();
       if (!seconds) return { wait: "Enter the interval in seconds." };
@@ -194,6 +196,22 @@
     zonesNote.hidden = !fires.length;
   }
 
+  // A cron job's fires on the next days its zone changes offset, under its DST rules.
+  var dstEl = document.getElementById("preview-dst");
+  function renderDstDays(days) {
+    if (!dstEl) return;
+    Sched.clear(dstEl);
+    var zone = jobZone() || "UTC";
+    days.forEach(function (day) {
+      var when = formatWithWeekday(Date.parse(day.change), zone);
+      var label = (day.direction === "forward" ? "Clocks go forward " : "Clocks go back ") + when.split(",").slice(0, 2).join(",") + ": ";
+      var fires = day.fires.map(function (iso) { return formatWithWeekday(Date.parse(iso), zone).split(", ").pop(); });
+      var text = fires.length ? fires.join(", ") + (day.more ? ", …" : "") : "no fire that day";
+      dstEl.appendChild(Sched.el("li", null, [Sched.el("strong", null, label), text]));
+    });
+    dstEl.hidden = !days.length;
+  }
+
   function preview() {
     clearPreviewErrors();
     if (controller) controller.abort();
@@ -201,6 +219,7 @@
     if (built.wait) {
       descriptionEl.textContent = "—";
       tableEl.hidden = zonesNote.hidden = true;
+      renderDstDays([]);
       setState(built.wait);
       return;
     }
@@ -230,6 +249,7 @@
         if (result.status === 200 && result.body) {
           descriptionEl.textContent = result.body.description || "—";
           renderFires(result.body.next_fires || []);
+          renderDstDays(result.body.dst_days || []);
           if (!(result.body.next_fires || []).length) setState("This schedule has no fire after now.", "warn");
           else setState("Next " + result.body.next_fires.length + " fire times:");
           return;
@@ -265,7 +285,7 @@
       preview();
     });
   }
-  ["cron_expression", "timezone", "interval_seconds", "start_at", "run_at"].forEach(function (name) {
+  ["cron_expression", "timezone", "dst_repeated", "dst_missing", "interval_seconds", "start_at", "run_at"].forEach(function (name) {
     var input = field(name);
     if (!input) return;
     input.addEventListener("input", schedulePreview);
