@@ -234,3 +234,52 @@ def test_the_leader_writes_the_fires_the_rules_say(db):
         "last": [utc(2027, 10, 31, 1, 30)],
         "both": [utc(2027, 10, 31, 0, 30), utc(2027, 10, 31, 1, 30)],
     }
+
+
+@pytest.mark.django_db
+def test_export_and_apply_carry_the_rules():
+    from jobs import selectors
+
+    services.job_create(
+        data={
+            "name": "nightly",
+            "task": "noop",
+            "schedule_type": "cron",
+            "cron_expression": "30 1 * * *",
+            "timezone": NEW_YORK,
+            "dst_repeated": "both",
+            "dst_missing": "skip",
+        },
+        by=services.SYSTEM,
+    )
+    services.job_create(
+        data={"name": "tick", "task": "noop", "schedule_type": "interval", "interval_seconds": 60},
+        by=services.SYSTEM,
+    )
+    exported = selectors.job_definitions_export()
+    assert [(d["dst_repeated"], d["dst_missing"]) for d in exported] == [
+        ("both", "skip"),
+        ("cron", "cron"),
+    ]
+    Job.objects.all().delete()
+    services.job_apply_definitions(definitions=exported, by=services.SYSTEM)
+    stored = dict(
+        (name, (repeated, missing))
+        for name, repeated, missing in Job.objects.values_list(
+            "name", "dst_repeated", "dst_missing"
+        )
+    )
+    assert stored == {"nightly": ("both", "skip"), "tick": ("cron", "cron")}
+    # An interval job given a DST rule is refused: it has no wall-clock time.
+    with pytest.raises(services.JobValidationError) as caught:
+        services.job_create(
+            data={
+                "name": "bad-interval",
+                "task": "noop",
+                "schedule_type": "interval",
+                "interval_seconds": 60,
+                "dst_repeated": "last",
+            },
+            by=services.SYSTEM,
+        )
+    assert "dst_repeated" in caught.value.errors
