@@ -39,6 +39,7 @@ from chaos.rules.attempts import (
     UNEXCUSED_LOST,
 )
 from chaos.rules.commit_order import STALE_COMMIT, stale_commits
+from chaos.rules.fenced import STALE_FENCED_WRITE, fenced_writes
 from chaos.rules.intent import FIRED_AFTER_DELETE, FIRED_WHILE_PAUSED, REQUEST_NOT_RUN
 from chaos.rules.leadership import (
     LEADER_GAP,
@@ -103,6 +104,7 @@ VIOLATION_KINDS = (
     MISFIRE_POLICY,
     STALE_COMMIT,
     SCHEDULE_EDIT,
+    STALE_FENCED_WRITE,
 )
 
 # Fault kinds that make leadership impossible for a while (the coordination store or the database
@@ -134,6 +136,8 @@ class Report:
     shown_per_kind: int = 8
     # Committed transactions read from the database's own log (0: the database keeps none).
     commits_checked: int = 0
+    # The fenced jobs' writes (rules.fenced.FencedStats as a dict).
+    fenced: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -168,6 +172,14 @@ class Report:
             + (", ".join(f"{k} {v:.0f} ms" for k, v in self.lag_ms.items()) or "no runs"),
             "faults: " + (_counts(self.faults_by_kind) or "none"),
         ]
+        if self.fenced.get("writes"):
+            f = self.fenced
+            lines.append(
+                f"fenced writes: {f['writes']} ({f['refused']} refused, {f['errors']} failed to "
+                f"reach the database); bodies frozen mid-run that wrote after a newer run: "
+                f"{f['frozen']}, refused {f['frozen_refused']} (still_owner() said true in "
+                f"{f['frozen_still_owner']})"
+            )
         if self.recovery:
             lines.append(
                 "recovery by fault kind (longest): leader gap / takeover / job gap (bound)"
@@ -291,6 +303,8 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += misfires(history, config)
     violations += superseded(history, index, config)
     violations += edits_followed(history, index)
+    stale_fenced, fenced_stats = fenced_writes(history)
+    violations += stale_fenced
     violations += [
         Violation(API_ANOMALY, f"{a.action}: {a.detail}", {"at": a.at})
         for a in history.api_anomalies
@@ -312,6 +326,7 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
         recovery={kind: asdict(entry) for kind, entry in sorted(recovered.items())},
         shown_per_kind=config.shown_per_kind,
         commits_checked=len(history.commits),
+        fenced=asdict(fenced_stats),
     )
 
 

@@ -64,6 +64,9 @@ def read_side_effects(path: Path) -> list[SideEffect]:
                     node=str(data.get("node", "")),
                     pid=int(data.get("pid", 0)),
                     at=float(data["at"]),
+                    token=data.get("token"),
+                    still_owner=data.get("still_owner"),
+                    fenced=str(data.get("fenced") or ""),
                 )
             )
         except (ValueError, KeyError, TypeError):

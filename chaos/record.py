@@ -119,6 +119,11 @@ class SideEffect:
     node: str
     pid: int
     at: float
+    # An end line of a fenced job's body: its token, whether it still held its claim, and what
+    # became of its fenced write ("accepted", "refused", "error: ..."; "" when it made none).
+    token: int | None = None
+    still_owner: bool | None = None
+    fenced: str = ""
 
 
 @dataclass(frozen=True)

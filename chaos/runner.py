@@ -175,18 +175,25 @@ CRON_JOB = 8  # this one fires on a cron pattern: every even second
 CRON_EXPRESSION = "*/2 * * * * *"
 
 
+# Every this many jobs, one ends its bodies with a fenced write (jobs 1, 5, 9, ...).
+FENCED_EVERY = 4
+
+
 def job_definitions(count: int, side_effects: Path) -> list[dict[str, Any]]:
     """``count`` jobs every second, forbid; a third with one retry, half with a timeout, bodies of
     50-400 ms, and the last one running 1.4 s on every 7th slot (its next slot then really is
     blocked: a forbid skip the checker must find justified). Jobs 3, 5 and 7 (when there are that
     many) have a 2 s misfire grace with the skip, run_all and run_once policies; job 8 is a cron
-    job every even second. The rest keep the default policies."""
+    job every even second; jobs 1, 5, 9... end each body with a fenced write. The rest keep the
+    default policies."""
     sleeps = (0.05, 0.1, 0.2, 0.3, 0.4)
     jobs = []
     for index in range(count):
         kwargs: dict[str, Any] = {"path": str(side_effects), "sleep_s": sleeps[index % len(sleeps)]}
         if index == count - 1:
             kwargs.update(long_s=1.4, long_every=7)
+        if index % FENCED_EVERY == 1:
+            kwargs["fenced"] = True  # its bodies end with a fenced write (chaos.tasks)
         job: dict[str, Any] = {
             "name": f"chaos-{index:02d}",
             "task": TASK_NAME,
@@ -400,9 +407,14 @@ class ChaosRun:
         from jobs import partitioning, services, tokens
 
         partitioning.set_count(self.plan.partitions)
+        from chaos.tasks import fence_row
+        from jobs.models import SchedulerSetting
+
         ids = []
         for definition in job_definitions(self.plan.jobs, self.side_effects):
             job = services.job_create(data=definition, by=services.SYSTEM)
+            if definition["kwargs"].get("fenced"):
+                SchedulerSetting.objects.create(name=fence_row(job.pk), value=0)
             # The task logs its job's id: known only now.
             services.job_update(
                 job_id=job.pk,

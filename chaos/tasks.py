@@ -74,9 +74,12 @@ def record(
     sleep_s: float = 0.0,
     long_s: float = 0.0,
     long_every: int = 0,
+    fenced: bool = False,
 ) -> dict[str, Any]:
     """Log {"event": "start"} first thing, sleep (``long_s`` on every ``long_every``-th slot, so a
-    forbid job sometimes really overlaps its next slot), then log {"event": "end"}."""
+    forbid job sometimes really overlaps its next slot), then log {"event": "end"}. A ``fenced``
+    job's body ends with a fenced write of its token to the job's row (``fenced_write``), and its
+    end line says what became of it."""
     started = true_time()  # before anything else: the line says when the body began
     slot = context.scheduled_for.timestamp() if context.scheduled_for else None
     base = {
@@ -94,5 +97,39 @@ def record(
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not context.cancelled:
         time.sleep(min(CANCEL_POLL_S, max(0.0, deadline - time.monotonic())))
-    append_line(path, {"event": "end", **base, "at": true_time(), "cancelled": context.cancelled})
+    end: dict[str, Any] = {"cancelled": context.cancelled}
+    if fenced and job_id is not None:
+        end.update(fenced_write(job_id, context))
+    append_line(path, {"event": "end", **base, "at": true_time(), **end})
     return {"pid": os.getpid(), "slept_s": seconds}
+
+
+def fence_row(job_id: int) -> str:
+    """The row standing for the shop's own record that a fenced job writes (a SchedulerSetting:
+    any table with an integer token column will do)."""
+    return f"chaos-fence-{job_id}"
+
+
+def fenced_write(job_id: int, context: TaskContext) -> dict[str, Any]:
+    """What a careful task does with its work: write it through the fence. Returns the end line's
+    fields: its token, whether it still held its claim just before, and "accepted", "refused"
+    (a newer run had written) or "error: ..." (the database did not answer)."""
+    from django.db import DatabaseError, close_old_connections
+
+    from jobs.fencing import StaleToken, fenced_update
+    from jobs.models import SchedulerSetting
+
+    owner = context.still_owner()
+    try:
+        fenced_update(
+            SchedulerSetting.objects.filter(name=fence_row(job_id)),
+            token=int(context.fencing_token or 0),
+            field="value",
+        )
+        outcome = "accepted"
+    except StaleToken:
+        outcome = "refused"
+    except DatabaseError as exc:
+        outcome = f"error: {type(exc).__name__}"
+        close_old_connections()
+    return {"token": context.fencing_token, "still_owner": owner, "fenced": outcome}

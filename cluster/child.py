@@ -38,6 +38,10 @@ def run_task(task_name: str, args: list, kwargs: dict, meta: dict, conn: Any) ->
         attempt=meta["attempt"],
         scheduled_for=meta.get("scheduled_for"),
         cancel_event=threading.Event(),
+        # A child knows its claim only through its parent, which stops it when the run is
+        # cancelled or times out: still_owner() here is "not cancelled".
+        fencing_token=meta.get("fencing_token"),
+        idempotency_key=meta.get("idempotency_key", ""),
     )
     revealed: list[str] = []
     sending = threading.Lock()

@@ -452,7 +452,18 @@ def autodiscover() -> None:
 
 @dataclass
 class TaskContext:
-    """What a running task may use: who it runs for, a bounded output log and the cancel flag."""
+    """What a running task may use: who it runs for, a bounded output log, the cancel flag, and
+    the two ways to keep its own writes safe when a run is declared lost and run again elsewhere
+    (docs/jobs.md, "Fencing your own writes"):
+
+    - ``fencing_token``: grows with every run of the job (a later fire, a retry: a run that
+      supersedes another always has a larger one); a store that keeps the largest token it has
+      accepted refuses the writes of a superseded run (``jobs.fencing.fenced_update``);
+    - ``idempotency_key``: the same for every claim of one attempt of one fire
+      (``<job id>:<slot>:<attempt>``), for a service that deduplicates by key;
+    - ``still_owner()``: whether this run still holds its claim (its node's membership unbroken
+      since the claim, its job lock held, not cancelled): a long body checks it between steps.
+    """
 
     execution_id: int | None
     job_name: str
@@ -460,6 +471,10 @@ class TaskContext:
     scheduled_for: datetime | None
     cancel_event: threading.Event = field(default_factory=threading.Event)
     output_limit: int = DEFAULT_OUTPUT_LIMIT
+    fencing_token: int | None = None
+    idempotency_key: str = ""
+    # Set by the executor: whether the claim still holds (None: only the cancel flag is known).
+    owner_check: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
     _parts: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
     _size: int = field(default=0, init=False, repr=False, compare=False)
     _truncated: bool = field(default=False, init=False, repr=False, compare=False)
@@ -505,3 +520,11 @@ class TaskContext:
     @property
     def cancelled(self) -> bool:
         return self.cancel_event.is_set()
+
+    def still_owner(self) -> bool:
+        """True while this run still holds its claim; False once it may have been declared lost
+        (its node's presence lapsed), its job lock was lost, or it was cancelled. A body that
+        sees False should stop and write nothing more."""
+        if self.cancel_event.is_set():
+            return False
+        return True if self.owner_check is None else bool(self.owner_check())

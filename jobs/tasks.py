@@ -349,6 +349,11 @@ def _redacted(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+# Sent with every http_request (unless the job sets them itself).
+FENCING_TOKEN_HEADER = "X-Scheduler-Fencing-Token"
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+
+
 @task(
     "http_request",
     takes_context=True,
@@ -378,8 +383,17 @@ def http_request(
     method = method.upper()
     data = body.encode("utf-8") if body is not None else None
     # The scheme was checked above (http/https only) and the opener has no other handlers.
+    # The run's fencing token and idempotency key travel with the request (jobs.fencing): a
+    # receiver may refuse a token older than one it has seen, or deduplicate by the key. The
+    # job's own headers win.
+    sent = {
+        FENCING_TOKEN_HEADER: str(context.fencing_token or ""),
+        IDEMPOTENCY_KEY_HEADER: context.idempotency_key,
+    }
+    sent = {name: value for name, value in sent.items() if value}
+    sent.update(headers or {})
     request = urllib.request.Request(  # noqa: S310
-        url, data=data, headers=dict(headers or {}), method=method
+        url, data=data, headers=sent, method=method
     )
     shown = f"{method} {_redacted(url)}"
     if context.cancelled:

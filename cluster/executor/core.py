@@ -216,6 +216,17 @@ class Executor:
     def complete(self, outcome: Outcome, *, body_ended: bool = False) -> bool:
         return self.outcomes.complete(outcome, body_ended=body_ended)
 
+    def still_owner(self, run: ActiveRun) -> bool:
+        """The run's claim still holds: its outcome not yet settled, not cancelled, this node's
+        membership unbroken since the claim (a lapse means the cluster may have declared the
+        run lost and run it again), its job lock (if any) not lost."""
+        return (
+            not run.completed
+            and not run.cancel_event.is_set()
+            and self.membership.confirmed(run.epoch)
+            and (run.lock is None or not run.lock.lost.is_set())
+        )
+
     # --- drain and shutdown -------------------------------------------------------------------------
     def on_membership_lapse(self) -> int:
         """This node's presence had expired: the cluster may have taken what it claimed. Hand the

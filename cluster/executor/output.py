@@ -6,9 +6,10 @@ from __future__ import annotations
 import io
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from jobs import registry
+from jobs import fencing, registry
 
 
 class ThreadOutput(io.TextIOBase):
@@ -80,12 +81,20 @@ def call_task(
     return spec.func(*args, **kwargs)
 
 
-def task_context(execution: Any, cancel_event: threading.Event) -> registry.TaskContext:
-    """The context a run's task is given."""
+def task_context(
+    execution: Any,
+    cancel_event: threading.Event,
+    owner_check: Callable[[], bool] | None = None,
+) -> registry.TaskContext:
+    """The context a run's task is given: its fencing token and idempotency key
+    (``jobs.fencing``) and, given ``owner_check``, whether its claim still holds."""
     return registry.TaskContext(
         execution_id=execution.pk,
         job_name=execution.job.name,
         attempt=execution.attempt,
         scheduled_for=execution.scheduled_for,
         cancel_event=cancel_event,
+        fencing_token=execution.pk,
+        idempotency_key=fencing.run_key(execution),
+        owner_check=owner_check,
     )

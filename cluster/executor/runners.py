@@ -32,7 +32,7 @@ from cluster.clock import Clock
 from cluster.executor.output import call_task, install_output_capture, task_context
 from cluster.executor.runs import ActiveRun, Outcome
 from cluster.logcontext import execution_context
-from jobs import registry, secrets
+from jobs import fencing, registry, secrets
 from jobs.models import Isolation
 from jobs.states import ExecutionStatus
 
@@ -78,6 +78,10 @@ class RunHost(Protocol):
 
     def complete(self, outcome: Outcome, *, body_ended: bool = False) -> bool:
         """Queue the run's outcome (the first one wins)."""
+        ...
+
+    def still_owner(self, run: ActiveRun) -> bool:
+        """Whether the run still holds its claim (a body asks: ``context.still_owner()``)."""
         ...
 
 
@@ -288,7 +292,9 @@ def body_in_thread(host: RunHost, run: ActiveRun) -> None:
     every body due then waits for the interpreter, and each does the least it can between the
     gate and its task."""
     job = run.execution.job
-    context = run.context = task_context(run.execution, run.cancel_event)
+    context = run.context = task_context(
+        run.execution, run.cancel_event, lambda: host.still_owner(run)
+    )
     stdout = install_output_capture()
     revealed: list[str] = []
     unready: BaseException | None = None  # raised as the task's own failure once it may start
@@ -357,6 +363,8 @@ def body_in_process(host: RunHost, run: ActiveRun) -> None:
         "attempt": execution.attempt,
         "scheduled_for": execution.scheduled_for,
         "cpus": affinity.unpinned(),
+        "fencing_token": execution.pk,
+        "idempotency_key": fencing.run_key(execution),
     }
     args, kwargs = execution.call_arguments()
     process = ctx.Process(

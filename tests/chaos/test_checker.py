@@ -841,7 +841,39 @@ def operator_got_a_500(h: History) -> None:
 
 Mutation = Callable[[History], None]
 
+
+def _fenced(h: History, job_id: int, outcomes: dict[int, tuple[int, str]]) -> None:
+    """Job ``job_id``'s end lines carry fenced writes: slot k -> (token, outcome); the others
+    accepted with their execution id as token."""
+    fenced = {}
+    for row in h.executions:
+        if row.job_id == job_id:
+            k = int(row.scheduled_for - T0)
+            fenced[row.id] = outcomes.get(k, (row.id, "accepted"))
+    h.side_effects = [
+        dataclasses.replace(e, token=fenced[e.execution_id][0], fenced=fenced[e.execution_id][1])
+        if e.event == "end" and e.execution_id in fenced
+        else e
+        for e in h.side_effects
+    ]
+
+
+def frozen_body_refused(h: History) -> None:
+    """Slot 2's body of job 1 is frozen mid-run; a run with a newer token had written before it
+    resumed (slot 0's line carries that token here): its own write was refused. Right."""
+    h.faults.append(Fault("sigstop_worker", "n3", T0 + 2.05, T0 + 2.1))
+    _fenced(h, 1, {0: (5000, "accepted"), 2: (1002, "refused")})
+
+
+def frozen_body_stale_write(h: History) -> None:
+    """The same, but the frozen body's stale write went through."""
+    h.faults.append(Fault("sigstop_worker", "n3", T0 + 2.05, T0 + 2.1))
+    _fenced(h, 1, {0: (5000, "accepted"), 2: (1002, "accepted")})
+
+
 CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
+    ("fenced write refused", frozen_body_refused, {}),
+    ("stale fenced write", frozen_body_stale_write, {c.STALE_FENCED_WRITE: "token 1002"}),
     ("clean", None, {}),
     ("body twice", body_twice, {c.DUPLICATE_EXECUTION: "its body started 2 times"}),
     (
@@ -1006,6 +1038,19 @@ def test_checker_reports_exactly_the_expected_kinds(
 def test_every_kind_is_covered_by_the_table() -> None:
     covered = {kind for _, _, expected in CASES for kind in expected}
     assert covered == set(c.VIOLATION_KINDS)
+
+
+def test_the_fenced_writes_are_counted() -> None:
+    report = check(frozen_body_refused(h := clean()) or h)
+    assert report.fenced == {
+        "writes": SLOTS,
+        "refused": 1,
+        "errors": 0,
+        "frozen": 1,
+        "frozen_refused": 1,
+        "frozen_still_owner": 0,
+    }
+    assert "fenced writes: 10 (1 refused" in report.render()
 
 
 def test_clean_report_counts() -> None:

@@ -41,8 +41,8 @@ from cluster.executor.runs import ActiveRun, Outcome
 from cluster.executor.supervisor import SUPERVISE_INTERVAL_S
 from cluster.models import NodeStatus, SchedulerNode
 from cluster.node import NodeConfig, NodeRunner
-from jobs import registry
-from jobs.models import Job
+from jobs import fencing, registry
+from jobs.models import Job, SchedulerSetting
 from jobs.registry import TaskContext, task
 from jobs.services import SYSTEM, job_create
 from jobs.states import ExecutionStatus
@@ -80,9 +80,10 @@ _CURRENT: dict[str, Any] = {}
 
 
 @task("sim.work", takes_context=True)
-def work(context: TaskContext, seconds: float = 0.0, fail: bool = False) -> str:
+def work(context: TaskContext, seconds: float = 0.0, fail: bool = False, fenced: str = "") -> str:
     """A simulated body: records its start; lasts ``seconds`` of simulated time (the runner holds
-    its outcome until then); raises if ``fail``."""
+    its outcome until then); raises if ``fail``; given ``fenced`` (a row's name), ends with a
+    fenced write of its token to that row (``SteppedRunner._fenced_write``)."""
     EFFECTS.append(
         Effect(
             execution_id=context.execution_id,
@@ -104,6 +105,25 @@ class _Body:
     run: ActiveRun
     ends_at: float = 0.0
     outcome: Outcome | None = None
+    # The body's last act: a fenced write of its token to the shop's table (``sim.work``'s
+    # ``fenced`` kwarg names the row), checked against ``still_owner()`` first.
+    fenced: str = ""
+
+
+@dataclass
+class FencedWrite:
+    """A body's fenced write at its end: accepted, or refused as stale."""
+
+    execution_id: int
+    job: str
+    token: int
+    node: str
+    accepted: bool
+    still_owner: bool
+    at: float
+
+
+FENCED: list[FencedWrite] = []
 
 
 class SteppedRunner:
@@ -140,12 +160,44 @@ class SteppedRunner:
         for body in [b for b in self.running if b.ends_at <= now]:
             self.running.remove(body)
             assert body.outcome is not None
+            if body.fenced:
+                self._fenced_write(body, now)
             body.host.complete(body.outcome, body_ended=True)
+
+    def _fenced_write(self, body: _Body, now: float) -> None:
+        """What a careful task does at the end of its work: write through the fence (its token
+        against the largest the row has accepted). The row is a ``SchedulerSetting`` standing in
+        for a table of the shop's own (any table with an integer token column will do)."""
+        context = body.run.context
+        assert context is not None and context.fencing_token is not None
+        owner = context.still_owner()
+        try:
+            fencing.fenced_update(
+                SchedulerSetting.objects.filter(name=body.fenced),
+                token=context.fencing_token,
+                field="value",
+            )
+            accepted = True
+        except fencing.StaleToken:
+            accepted = False
+        FENCED.append(
+            FencedWrite(
+                execution_id=body.run.execution.pk,
+                job=body.run.execution.job.name,
+                token=context.fencing_token,
+                node=self.node_id,
+                accepted=accepted,
+                still_owner=owner,
+                at=now,
+            )
+        )
 
     def _start(self, body: _Body, now: float) -> None:
         run = body.run
         job = run.execution.job
-        run.context = task_context(run.execution, run.cancel_event)
+        run.context = task_context(
+            run.execution, run.cancel_event, lambda: body.host.still_owner(run)
+        )
         if job.timeout_seconds:
             run.deadline = self.clock.monotonic() + job.timeout_seconds
         _CURRENT.update(node=self.node_id, clock=self.clock)
@@ -163,6 +215,7 @@ class SteppedRunner:
             )
         body.outcome = outcome
         body.ends_at = now + float(kwargs.get("seconds", 0.0))
+        body.fenced = str(kwargs.get("fenced", ""))
         self.running.append(body)
 
 
@@ -206,7 +259,9 @@ class SimCluster:
         self.config = config
         self.nodes: dict[str, SimNode] = {}
         EFFECTS.clear()
+        FENCED.clear()
         self.effects = EFFECTS
+        self.fenced = FENCED
         for node_id in node_ids:
             self.add(node_id)
 

@@ -271,6 +271,20 @@ def test_http_post_with_headers_and_body(http_server):
     assert result["body"] == "POST yes payload"
 
 
+def test_http_sends_the_runs_fencing_token_and_idempotency_key(http_server):
+    url = url_for(http_server, "/ok")
+    context = make_context(fencing_token=41, idempotency_key="3:2026-12-06T12:00:00+00:00:1")
+    http_request(url, context=context)
+    sent = http_server.requests[-1][2]
+    assert sent["X-Scheduler-Fencing-Token"] == "41"
+    assert sent["Idempotency-Key"] == "3:2026-12-06T12:00:00+00:00:1"
+    # The job's own headers win; a context without a token sends none.
+    http_request(url, headers={"Idempotency-Key": "mine"}, context=context)
+    assert http_server.requests[-1][2]["Idempotency-Key"] == "mine"
+    http_request(url, context=make_context())
+    assert "X-Scheduler-Fencing-Token" not in http_server.requests[-1][2]
+
+
 def test_http_head(http_server):
     result = http_request(url_for(http_server, "/ok"), "HEAD", context=make_context())
     assert result == {"status": 200, "bytes": 0, "body": ""}
