@@ -24,6 +24,7 @@ urlpatterns = [
     path("jobs/<int:pk>/resume/", jobs.job_resume, name="job-resume"),
     path("executions/", executions.execution_list, name="execution-list"),
     path("executions/bulk/", bulk.execution_bulk, name="execution-bulk"),
+    path("executions/export.csv", executions.execution_export, name="execution-export"),
     path("executions/<int:pk>/", executions.execution_detail, name="execution-detail"),
     path("executions/<int:pk>/output.txt", executions.execution_output, name="execution-output"),
     path("executions/<int:pk>/cancel/", executions.execution_cancel, name="execution-cancel"),
