@@ -431,22 +431,40 @@ def job_delete(*, job_id: int, by: Actor, expected_version: int | None = None) -
 
 
 @retry_on_conflict
-def job_trigger(*, job_id: int, by: Actor, now: datetime | None = None) -> JobExecution:
-    """Run a job now, outside its schedule (works for paused jobs too)."""
+def job_trigger(
+    *,
+    job_id: int,
+    by: Actor,
+    now: datetime | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+) -> JobExecution:
+    """Run a job now, outside its schedule (works for paused jobs too), with ``args``/``kwargs``
+    of its own when given (None: the job's), checked against the task as an enqueued run's are
+    (JobValidationError keyed by field; nothing written)."""
     now = now or timezone.now()
     trigger = Trigger.API if by.source == AuditSource.API else Trigger.MANUAL
     with transaction.atomic():
         job = Job.objects.get(pk=job_id)
+        call: dict[str, Any] = {}
+        if args is not None or kwargs is not None:
+            item = {k: v for k, v in (("args", args), ("kwargs", kwargs)) if v is not None}
+            cleaned = clean_enqueued_run(
+                item, task=job.task, job_args=job.args, job_kwargs=job.kwargs
+            )
+            call = {"args": cleaned["args"], "kwargs": cleaned["kwargs"]}
         execution = executions.create_manual_run(
-            job, trigger=trigger, now=now, triggered_by=by.user_or_none
+            job, trigger=trigger, now=now, triggered_by=by.user_or_none, **call
         )
+        changes: dict[str, Any] = {"execution": [None, execution.pk]}
+        changes.update({name: [None, value] for name, value in call.items() if value is not None})
         audit_record(
             by=by,
             action="job.trigger",
             object_type="job",
             object_id=job_id,
             object_repr=job.name,
-            changes={"execution": [None, execution.pk]},
+            changes=changes,
         )
         events.send_after_commit(events.job_changed, job_id=job_id, change="triggered")
     return execution

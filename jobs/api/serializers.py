@@ -72,6 +72,28 @@ def job_batch_body() -> dict[str, Any]:
     }
 
 
+def trigger_body() -> dict[str, Any]:
+    """Run now: optionally with arguments of this run's own (absent: the job's)."""
+    return {
+        "type": "object",
+        "properties": {
+            "args": {
+                "type": "array",
+                "items": {},
+                "nullable": True,
+                "description": "Positional arguments of this run; absent: the job's.",
+            },
+            "kwargs": {
+                "type": "object",
+                "additionalProperties": True,
+                "nullable": True,
+                "description": "Keyword arguments of this run; absent: the job's.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+
 def enqueue_body() -> dict[str, Any]:
     run = {
         "type": "object",

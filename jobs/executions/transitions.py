@@ -143,10 +143,19 @@ def create_fires(rows: list[JobExecution]) -> list[JobExecution]:
 
 
 def create_manual_run(
-    job: Job, *, trigger: str, now: datetime, triggered_by: Any = None
+    job: Job,
+    *,
+    trigger: str,
+    now: datetime,
+    triggered_by: Any = None,
+    args: list | None = None,
+    kwargs: dict | None = None,
 ) -> JobExecution:
-    """A run of ``job`` outside its schedule, due now (run now, the API's trigger)."""
+    """A run of ``job`` outside its schedule, due now (run now, the API's trigger), with its own
+    arguments when given (None: the job's)."""
     execution = JobExecution.objects.create(
+        args=args,
+        kwargs=kwargs,
         job=job,
         scheduled_for=now,
         attempt=1,

@@ -1,5 +1,5 @@
-"""The execution list as CSV: the list's filters, newest first, formula-looking cells written as
-text, a cap on the rows, viewers only."""
+"""Operator tools: the execution list as CSV (the list's filters, newest first, formula-looking
+cells as text, a cap on the rows, viewers only), and run now with arguments of the run's own."""
 
 from __future__ import annotations
 
@@ -90,3 +90,68 @@ def test_the_export_needs_a_signed_in_viewer(client, runs) -> None:
 def test_the_list_links_to_the_export_with_its_filters(make_user, runs) -> None:
     page = viewer(make_user).get("/executions/", {"status": "failed", "page": "1"})
     assert b'href="/executions/export.csv?status=failed"' in page.content
+
+
+# --- run now with arguments (the dashboard and the API) ---------------------------------------------
+
+
+@pytest.fixture
+def echo_job(db):
+    return services.job_create(
+        data={
+            "name": "greet",
+            "task": "log",
+            "kwargs": {"message": "from the job"},
+            "schedule_type": "interval",
+            "interval_seconds": 3600,
+        },
+        by=services.SYSTEM,
+    )
+
+
+def operator(make_user) -> Client:
+    client = Client()
+    client.force_login(make_user("operator", "olga"))
+    return client
+
+
+def test_run_now_with_arguments_from_the_dashboard(make_user, echo_job) -> None:
+    client = operator(make_user)
+    page = client.get(f"/jobs/{echo_job.pk}/")
+    assert b"Run now with other arguments" in page.content
+    response = client.post(
+        f"/jobs/{echo_job.pk}/trigger/", {"kwargs": '{"message": "just this once"}'}, follow=True
+    )
+    run = JobExecution.objects.get(job=echo_job)
+    assert run.kwargs == {"message": "just this once"} and run.args is None
+    assert run.call_arguments() == ([], {"message": "just this once"})
+    assert "queued to run now" in response.content.decode()
+    # Bad JSON, or a call the task refuses: nothing queued, and the page says why.
+    for bad, says in (
+        ('{"message": ', "kwargs is not valid JSON"),
+        ('{"colour": "red"}', "Not run: kwargs"),
+    ):
+        response = client.post(f"/jobs/{echo_job.pk}/trigger/", {"kwargs": bad}, follow=True)
+        assert says in response.content.decode()
+    assert JobExecution.objects.filter(job=echo_job).count() == 1
+    # The plain button still runs the job with its own arguments.
+    client.post(f"/jobs/{echo_job.pk}/trigger/")
+    latest = JobExecution.objects.filter(job=echo_job).latest("pk")
+    assert latest.kwargs is None and latest.call_arguments()[1] == {"message": "from the job"}
+
+
+def test_the_apis_trigger_takes_arguments(admin_api, echo_job) -> None:
+    made = admin_api.post(
+        f"/api/jobs/{echo_job.pk}/trigger/", {"kwargs": {"message": "api"}}, format="json"
+    )
+    assert made.status_code == 201, made.content
+    assert JobExecution.objects.get(pk=made.data["id"]).kwargs == {"message": "api"}
+    plain = admin_api.post(f"/api/jobs/{echo_job.pk}/trigger/")
+    assert plain.status_code == 201
+    bad = admin_api.post(
+        f"/api/jobs/{echo_job.pk}/trigger/", {"kwargs": {"colour": 1}}, format="json"
+    )
+    assert bad.status_code == 400 and "kwargs" in bad.data
+    unknown = admin_api.post(f"/api/jobs/{echo_job.pk}/trigger/", {"when": "now"}, format="json")
+    assert unknown.status_code == 400 and "when" in unknown.data
+    assert JobExecution.objects.filter(job=echo_job).count() == 2
