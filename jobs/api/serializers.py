@@ -72,24 +72,29 @@ def job_batch_body() -> dict[str, Any]:
     }
 
 
+def _run_call() -> dict[str, Any]:
+    """A run's own arguments (absent: the job's): in a run-now body and in each enqueued run."""
+    return {
+        "args": {
+            "type": "array",
+            "items": {},
+            "nullable": True,
+            "description": "Positional arguments of this run; absent: the job's.",
+        },
+        "kwargs": {
+            "type": "object",
+            "additionalProperties": True,
+            "nullable": True,
+            "description": "Keyword arguments of this run; absent: the job's.",
+        },
+    }
+
+
 def trigger_body() -> dict[str, Any]:
     """Run now: optionally with arguments of this run's own (absent: the job's)."""
     return {
         "type": "object",
-        "properties": {
-            "args": {
-                "type": "array",
-                "items": {},
-                "nullable": True,
-                "description": "Positional arguments of this run; absent: the job's.",
-            },
-            "kwargs": {
-                "type": "object",
-                "additionalProperties": True,
-                "nullable": True,
-                "description": "Keyword arguments of this run; absent: the job's.",
-            },
-        },
+        "properties": _run_call(),
         "additionalProperties": False,
     }
 
@@ -98,18 +103,7 @@ def enqueue_body() -> dict[str, Any]:
     run = {
         "type": "object",
         "properties": {
-            "args": {
-                "type": "array",
-                "items": {},
-                "nullable": True,
-                "description": "Positional arguments of this run; absent: the job's.",
-            },
-            "kwargs": {
-                "type": "object",
-                "additionalProperties": True,
-                "nullable": True,
-                "description": "Keyword arguments of this run; absent: the job's.",
-            },
+            **_run_call(),
             "run_at": {
                 "type": "string",
                 "format": "date-time",
