@@ -160,7 +160,9 @@ class JobViewSet(viewsets.ModelViewSet):
     )
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, pk: str | None = None) -> Response:
-        body = _body(request, only=("args", "kwargs")) if request.data else {}
+        # No body (or an empty object): the job's own arguments. Anything else must be an object.
+        empty = isinstance(request.data, dict) and not request.data
+        body = {} if empty else _body(request, only=("args", "kwargs"))
         execution = services.job_trigger(
             job_id=self.get_object().pk,
             by=actor_from(request),

@@ -154,4 +154,6 @@ def test_the_apis_trigger_takes_arguments(admin_api, echo_job) -> None:
     assert bad.status_code == 400 and "kwargs" in bad.data
     unknown = admin_api.post(f"/api/jobs/{echo_job.pk}/trigger/", {"when": "now"}, format="json")
     assert unknown.status_code == 400 and "when" in unknown.data
+    not_an_object = admin_api.post(f"/api/jobs/{echo_job.pk}/trigger/", [], format="json")
+    assert not_an_object.status_code == 400
     assert JobExecution.objects.filter(job=echo_job).count() == 2
