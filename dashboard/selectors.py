@@ -72,11 +72,13 @@ def _filtered(filterset: type, params: dict[str, Any], queryset: QuerySet) -> Qu
 
 
 def job_rows(
-    *, search: str, enabled: str, task: str, schedule_type: str, outcome: str
+    *, search: str, enabled: str, task: str, schedule_type: str, outcome: str, tag: str = ""
 ) -> QuerySet[Job]:
-    """The job list's rows: text search over name, description and task, the API's filters, and
-    the outcome of each job's latest finished run (``never``: none yet)."""
+    """The job list's rows: text search over name, description and task, the API's filters (a
+    tag among them), and the outcome of each job's latest finished run (``never``: none yet)."""
     rows = Job.objects.all()
+    if tag:
+        rows = rows.filter(job_selectors.tagged(tag))
     if search:
         rows = rows.filter(
             Q(name__icontains=search) | Q(description__icontains=search) | Q(task__icontains=search)

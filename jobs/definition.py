@@ -314,6 +314,13 @@ FIELDS: tuple[FieldRule, ...] = (
         pattern_error=ERR_QUEUE_FORMAT,
     ),
     FieldRule(
+        "tags",
+        LIST,
+        'Labels to find and act on jobs together, e.g. ["billing", "nightly"]: lower-case '
+        "letters, digits, - _ . (up to 32 characters each), at most 20.",
+        default=[],
+    ),
+    FieldRule(
         "spread_seconds",
         INTEGER,
         "Delay each fire by a stable per-job offset below this, to avoid stampedes; below "

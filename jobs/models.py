@@ -134,6 +134,8 @@ class Job(models.Model):
     priority = models.IntegerField(default=0)
     queue = models.CharField(max_length=64, default="default")
     spread_seconds = models.PositiveIntegerField(default=0)
+    # Labels an operator filters and acts on jobs by (jobs.validation: lower-case, at most 20).
+    tags = models.JSONField(default=list, blank=True)
     # Which scheduling partition fires this job (cluster.partitions: a stable function of its
     # name, below the cluster's partition count); 0 with one partition.
     partition = models.PositiveSmallIntegerField(default=0)

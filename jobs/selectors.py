@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -98,3 +99,9 @@ def execution_list(
     if until:
         executions = executions.filter(scheduled_for__lt=until)
     return executions
+
+
+def tagged(tag: str) -> Q:
+    """Jobs carrying ``tag``: its quoted form in the stored JSON list (exact: "bill" does not find
+    "billing"), a plain text match on every database."""
+    return Q(tags__icontains=json.dumps(tag))

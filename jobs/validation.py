@@ -438,6 +438,8 @@ def clean_job(
         out["task"] = task
     _call_arguments(errors, task, args, kwargs)
     out["args"], out["kwargs"] = args, kwargs
+    if "tags" not in errors.by_field:
+        out["tags"] = clean_tags(errors, out.get("tags"))
     interval = out.get("interval_seconds")
     spread = out.get("spread_seconds")
     if interval and spread and spread >= interval and "spread_seconds" not in errors:
@@ -449,6 +451,33 @@ def clean_job(
 
 
 MAX_PREVIEW_COUNT = 50
+MAX_TAGS = 20
+TAG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
+ERR_TAGS_TOO_MANY = "At most {limit} tags."
+ERR_TAGS_NOT_LIST = "Expected a list of tags."
+ERR_TAG_FORMAT = (
+    "{value!r} is not a tag: lower-case letters, digits, - _ . (starting with a letter or digit), "
+    "up to 32 characters."
+)
+
+
+def clean_tags(errors: _Errors, value: Any) -> list[str]:
+    """A job's tags: each a short lower-case label, duplicates dropped, their order kept."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        errors.add("tags", ERR_TAGS_NOT_LIST)
+        return []
+    if len(value) > MAX_TAGS:
+        errors.add("tags", ERR_TAGS_TOO_MANY.format(limit=MAX_TAGS))
+        return []
+    tags: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not TAG_PATTERN.match(item):
+            errors.add("tags", ERR_TAG_FORMAT.format(value=item))
+        elif item not in tags:
+            tags.append(item)
+    return tags
 
 
 def schedule_preview_args(params: Any, *, default_count: int) -> tuple[dict[str, Any], int]:

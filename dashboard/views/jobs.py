@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from dashboard import selectors as dashboard_selectors
 from dashboard.views.common import (
+    MAX_SEARCH_CHARS,
     MSG_CONFLICT_HINT,
     MSG_NOT_A_JOB,
     S,
@@ -65,6 +66,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "task": params.get("task", ""),
         "schedule_type": params.get("schedule_type", ""),
         "outcome": params.get("outcome", ""),
+        "tag": params.get("tag", "").strip()[:MAX_SEARCH_CHARS],
     }
     jobs = dashboard_selectors.job_rows(search=search, **filters)
     choices = dashboard_selectors.job_list_choices()

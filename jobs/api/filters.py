@@ -22,6 +22,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import filters
 from rest_framework.exceptions import ValidationError
 
+from jobs import selectors
 from jobs.models import AuditEvent, Job, JobExecution
 from jobs.states import ExecutionStatus
 from jobs.validation import DATETIME_MAX, DATETIME_MIN, ERR_NOT_DATETIME, in_datetime_range
@@ -121,6 +122,11 @@ class StrictFilterBackend(DjangoFilterBackend):
 
 
 class JobFilter(StrictFilterSet):
+    tag = django_filters.CharFilter(method="filter_tag", help_text="Jobs carrying this tag.")
+
+    def filter_tag(self, queryset: models.QuerySet, name: str, value: str) -> models.QuerySet:
+        return queryset.filter(selectors.tagged(value)) if value else queryset
+
     class Meta:
         model = Job
         fields = ["enabled", "task", "schedule_type", "queue", "concurrency_policy"]

@@ -41,10 +41,13 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         listing = sub.add_parser("list", help="List jobs")
         listing.add_argument("--json", action="store_true", help="Machine-readable output")
+        listing.add_argument("--tag", help="Only the jobs carrying this tag")
         tasks = sub.add_parser("tasks", help="List the registered tasks and their arguments")
         tasks.add_argument("--json", action="store_true", help="Machine-readable output")
         for name in ("trigger", "pause", "resume"):
-            sub.add_parser(name, help=f"{name.capitalize()} a job").add_argument("job")
+            one = sub.add_parser(name, help=f"{name.capitalize()} a job, or every job with a tag")
+            one.add_argument("job", nargs="?")
+            one.add_argument("--tag", help="Every job carrying this tag (instead of one job)")
         enqueue = sub.add_parser(
             "enqueue",
             help="Enqueue runs of a job with arguments of their own (the API's enqueue): all or "
@@ -104,10 +107,13 @@ class Command(BaseCommand):
         except (ActionNotAllowed, retention.BadPurgeArgument) as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
 
-    def do_list(self, *, json: bool = False, **_: Any) -> None:
-        jobs = list(selectors.job_list())
+    def do_list(self, *, json: bool = False, tag: str | None = None, **_: Any) -> None:
+        jobs = list(
+            selectors.job_list().filter(selectors.tagged(tag)) if tag else selectors.job_list()
+        )
         if json:
-            self.stdout.write(_dumps_json(selectors.job_definitions_export()))
+            names = [job.name for job in jobs] if tag else None
+            self.stdout.write(_dumps_json(selectors.job_definitions_export(names=names)))
             return
         header = f"{'NAME':30} {'TASK':20} {'SCHEDULE':28} {'ENABLED':8} NEXT FIRE (UTC)"
         self.stdout.write(header)
@@ -154,10 +160,21 @@ class Command(BaseCommand):
             f"{more}"
         )
 
-    def do_trigger(self, *, job: str, **_: Any) -> None:
-        target = selectors.job_get_by_name_or_id(job)
-        execution = services.job_trigger(job_id=target.pk, by=CLI_ACTOR)
-        self.stdout.write(f"triggered {target.name}: execution {execution.pk}")
+    def _targets(self, job: str | None, tag: str | None) -> list[Any]:
+        """The job named (or numbered) ``job``, or every job carrying ``tag``: one of the two."""
+        if (job is None) == (tag is None):
+            raise CommandError("name one job, or give --tag (not both)", returncode=EXIT_USAGE)
+        if job is not None:
+            return [selectors.job_get_by_name_or_id(job)]
+        found = list(selectors.job_list().filter(selectors.tagged(tag or "")))
+        if not found:
+            raise CommandError(f"no job carries the tag {tag!r}", returncode=EXIT_USAGE)
+        return found
+
+    def do_trigger(self, *, job: str | None, tag: str | None = None, **_: Any) -> None:
+        for target in self._targets(job, tag):
+            execution = services.job_trigger(job_id=target.pk, by=CLI_ACTOR)
+            self.stdout.write(f"triggered {target.name}: execution {execution.pk}")
 
     def do_enqueue(
         self,
@@ -207,13 +224,15 @@ class Command(BaseCommand):
             line += f"; {kept} already enqueued under their idempotency_key"
         self.stdout.write(line)
 
-    def do_pause(self, *, job: str, **_: Any) -> None:
-        target = services.job_pause(job_id=selectors.job_get_by_name_or_id(job).pk, by=CLI_ACTOR)
-        self.stdout.write(f"paused {target.name}")
+    def do_pause(self, *, job: str | None, tag: str | None = None, **_: Any) -> None:
+        for found in self._targets(job, tag):
+            target = services.job_pause(job_id=found.pk, by=CLI_ACTOR)
+            self.stdout.write(f"paused {target.name}")
 
-    def do_resume(self, *, job: str, **_: Any) -> None:
-        target = services.job_resume(job_id=selectors.job_get_by_name_or_id(job).pk, by=CLI_ACTOR)
-        self.stdout.write(f"resumed {target.name}; next fire {target.next_fire_at}")
+    def do_resume(self, *, job: str | None, tag: str | None = None, **_: Any) -> None:
+        for found in self._targets(job, tag):
+            target = services.job_resume(job_id=found.pk, by=CLI_ACTOR)
+            self.stdout.write(f"resumed {target.name}; next fire {target.next_fire_at}")
 
     def do_export(self, *, names: list[str], format: str, output: str | None, **_: Any) -> None:
         definitions = selectors.job_definitions_export(names=names or None)
