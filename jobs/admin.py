@@ -296,12 +296,13 @@ class NotificationRuleForm(forms.ModelForm):
     events = forms.MultipleChoiceField(
         choices=NotificationEvent.choices,
         widget=forms.CheckboxSelectMultiple,
-        help_text="Runs whose final attempt ended so.",
+        help_text="Runs whose final attempt ended so; a success after a failure (recovered); a "
+        "start later than late_after_seconds (late start).",
     )
 
     class Meta:
         model = NotificationRule
-        fields = ["name", "job", "events", "channel", "target", "enabled"]
+        fields = ["name", "job", "events", "late_after_seconds", "channel", "target", "enabled"]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -309,6 +310,7 @@ class NotificationRuleForm(forms.ModelForm):
             events=list(data.get("events") or []),
             channel=data.get("channel") or "",
             target=data.get("target") or "",
+            late_after_seconds=data.get("late_after_seconds"),
         )
         for field, reasons in problems.items():
             for reason in reasons:

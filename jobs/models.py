@@ -369,6 +369,10 @@ class NotificationEvent(models.TextChoices):
     TIMED_OUT = "timed_out", "Timed out"
     LOST = "lost", "Lost"
     SKIPPED = "skipped", "Skipped (misfire or overlap)"
+    # A run that succeeded after the job's previous run had failed, timed out or been lost.
+    RECOVERED = "recovered", "Recovered (succeeded after a failure)"
+    # A run whose body started more than the rule's late_after_seconds after it was due (an SLA).
+    LATE_START = "late_start", "Started late"
 
 
 class NotificationChannel(models.TextChoices):
@@ -388,7 +392,15 @@ class NotificationRule(models.Model):
         related_name="notification_rules",
         help_text="Empty: every job.",
     )
-    events = models.JSONField(default=list, help_text="Any of: failed, timed_out, lost, skipped.")
+    events = models.JSONField(
+        default=list,
+        help_text="Any of: failed, timed_out, lost, skipped, recovered, late_start.",
+    )
+    late_after_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="late_start: a run whose body started more than this after it was due.",
+    )
     channel = models.CharField(max_length=16, choices=NotificationChannel.choices)
     target = models.CharField(
         max_length=1000,
@@ -430,7 +442,9 @@ class Notification(models.Model):
     class Meta:
         ordering = ["-id"]
         constraints = [
-            models.UniqueConstraint(fields=["rule", "execution"], name="notification_once")
+            models.UniqueConstraint(
+                fields=["rule", "execution", "event"], name="notification_once_per_event"
+            )
         ]
         indexes = [models.Index(fields=["status", "next_attempt_at"], name="notification_due_idx")]
 

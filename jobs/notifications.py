@@ -1,6 +1,8 @@
-"""Failure notifications: rules (``NotificationRule``) tell a webhook or e-mail addresses when a run
-ends badly (failed, timed out, lost, skipped), and every message is recorded (``Notification``):
-pending, sent, or failed after its last try, with the error.
+"""Notifications: rules (``NotificationRule``) tell a webhook or e-mail addresses when a run ends
+badly (failed, timed out, lost, skipped), when a job recovers (a success after a run that ended
+badly), or when a run starts later than the rule allows (an SLA: ``late_after_seconds`` past its
+due instant); every message is recorded (``Notification``): pending, sent, or failed after its
+last try, with the error.
 
 The leader's notifier calls :func:`run_once` about once a second: ``collect`` turns runs that ended
 badly since it last looked into pending notifications (one per rule and run: a unique constraint, so
@@ -29,7 +31,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
-from django.db.models import Exists, F, OuterRef
+from django.db.models import DurationField, Exists, ExpressionWrapper, F, OuterRef, Subquery
 
 from jobs.conf import app_setting
 from jobs.models import (
@@ -40,6 +42,7 @@ from jobs.models import (
     NotificationRule,
     NotificationStatus,
 )
+from jobs.states import ExecutionStatus as S
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +58,29 @@ SENDING_LEASE = timedelta(seconds=60)
 WEBHOOK_TIMEOUT_S = 5.0
 DELIVER_BATCH = 50
 ERR_EVENTS = "Choose one or more of: {choices}."
+ERR_LATE_AFTER = "late_start needs late_after_seconds: how late (in seconds) a start may be."
+# The final states a "recovered" run recovers from.
+BAD_ENDS = (NotificationEvent.FAILED, NotificationEvent.TIMED_OUT, NotificationEvent.LOST)
+# Runs looked at per collect, per kind.
+COLLECT_LIMIT = 5000
 ERR_WEBHOOK_URL = "A webhook target is an http:// or https:// URL."
 ERR_EMAILS = "An e-mail target is one or more addresses, comma-separated."
 
 
-def check_rule(*, events: Any, channel: str, target: str) -> dict[str, list[str]]:
+def check_rule(
+    *, events: Any, channel: str, target: str, late_after_seconds: Any = None
+) -> dict[str, list[str]]:
     """Why a rule's fields are wrong, by field (empty when they are right)."""
     errors: dict[str, list[str]] = {}
     allowed = NotificationEvent.values
     if not isinstance(events, list) or not events or any(e not in allowed for e in events):
         errors["events"] = [ERR_EVENTS.format(choices=", ".join(allowed))]
+    elif NotificationEvent.LATE_START in events and (
+        isinstance(late_after_seconds, bool)
+        or not isinstance(late_after_seconds, int)
+        or late_after_seconds < 1
+    ):
+        errors["late_after_seconds"] = [ERR_LATE_AFTER]
     if channel == NotificationChannel.WEBHOOK:
         parts = urlsplit(target.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -121,7 +137,10 @@ class Notifier:
             self.seen_until = now
             return 0
         since = (self.seen_until - OVERLAP) if self.seen_until else now - LOOKBACK
-        statuses = sorted({event for rule in rules for event in rule.events})
+        wanted = {event for rule in rules for event in rule.events}
+        # The runs that ended badly are told as their status; a success is looked at only when a
+        # rule wants to hear of recoveries.
+        statuses = sorted((wanted & set(ENDED_BADLY)) | ({S.SUCCEEDED} & _recovery_wanted(wanted)))
         later_attempt = JobExecution.objects.filter(
             job_id=OuterRef("job_id"),
             scheduled_for=OuterRef("scheduled_for"),
@@ -130,15 +149,18 @@ class Notifier:
         runs = list(
             JobExecution.objects.filter(status__in=statuses, updated_at__gte=since)
             .exclude(Exists(later_attempt))
-            .only("pk", "job_id", "status", "updated_at")
-            .order_by("updated_at")[:5000]
+            .only("pk", "job_id", "status", "updated_at", "finished_at")
+            .order_by("updated_at")[:COLLECT_LIMIT]
         )
+        recovered = _recovered({run.pk: run for run in runs if run.status == S.SUCCEEDED})
         records = [
-            Notification(rule=rule, execution_id=run.pk, event=run.status, next_attempt_at=now)
+            Notification(rule=rule, execution_id=run.pk, event=event, next_attempt_at=now)
             for run in runs
+            if (event := NotificationEvent.RECOVERED if run.pk in recovered else run.status)
             for rule in rules
-            if run.status in rule.events and rule.job_id in (None, run.job_id)
+            if event in rule.events and rule.job_id in (None, run.job_id)
         ]
+        records += _late_starts(rules, since=since, now=now)
         if records:
             Notification.objects.bulk_create(records, ignore_conflicts=True)
         if runs:
@@ -146,6 +168,56 @@ class Notifier:
         elif self.seen_until is None:
             self.seen_until = since + OVERLAP
         return len(records)
+
+
+ENDED_BADLY = (S.FAILED, S.TIMED_OUT, S.LOST, S.SKIPPED)
+
+
+def _recovery_wanted(wanted: set[str]) -> set[str]:
+    return {S.SUCCEEDED} if NotificationEvent.RECOVERED in wanted else set()
+
+
+def _recovered(successes: dict[int, JobExecution]) -> set[int]:
+    """Of these successful runs, those whose job's previous finished run (failed, timed out,
+    lost or succeeded; skips and cancels say nothing of the job's health) had ended badly."""
+    if not successes:
+        return set()
+    previous = (
+        JobExecution.objects.filter(
+            job_id=OuterRef("job_id"),
+            finished_at__lt=OuterRef("finished_at"),
+            status__in=[S.SUCCEEDED, *BAD_ENDS],
+        )
+        .order_by("-finished_at", "-pk")
+        .values("status")[:1]
+    )
+    return set(
+        JobExecution.objects.filter(pk__in=list(successes))
+        .annotate(previous=Subquery(previous))
+        .filter(previous__in=BAD_ENDS)
+        .values_list("pk", flat=True)
+    )
+
+
+def _late_starts(rules: list[NotificationRule], *, since: datetime, now: datetime) -> list[Any]:
+    """One notification per rule that wants late starts and run whose body started in the window
+    more than the rule's ``late_after_seconds`` after it was due."""
+    found = []
+    lateness = ExpressionWrapper(F("started_at") - F("run_after"), output_field=DurationField())
+    for rule in rules:
+        if NotificationEvent.LATE_START not in rule.events or not rule.late_after_seconds:
+            continue
+        runs = JobExecution.objects.filter(started_at__gte=since).annotate(late=lateness)
+        runs = runs.filter(late__gt=timedelta(seconds=rule.late_after_seconds))
+        if rule.job_id is not None:
+            runs = runs.filter(job_id=rule.job_id)
+        found += [
+            Notification(
+                rule=rule, execution_id=pk, event=NotificationEvent.LATE_START, next_attempt_at=now
+            )
+            for pk in runs.order_by("started_at").values_list("pk", flat=True)[:COLLECT_LIMIT]
+        ]
+    return found
 
 
 def deliver(now: datetime) -> int:
@@ -205,6 +277,8 @@ def payload(item: Notification) -> dict[str, Any]:
             "attempt": run.attempt,
             "trigger": run.trigger,
             "scheduled_for": run.scheduled_for.isoformat(),
+            "due": run.run_after.isoformat(),
+            "started_at": run.started_at.isoformat() if run.started_at else None,
             "finished_at": run.finished_at.isoformat() if run.finished_at else None,
             "node": run.node,
             "error": run.error,
@@ -227,6 +301,7 @@ def send(item: Notification) -> None:
             f"Run: #{run['id']}, attempt {run['attempt']}, {run['trigger']}",
             f"Status: {run['status']}",
             f"Scheduled for: {run['scheduled_for']}",
+            f"Started at: {run['started_at'] or '-'} (due {run['due']})",
             f"Finished at: {run['finished_at'] or '-'}",
             f"Node: {run['node'] or '-'}",
             f"Error: {run['error'] or '-'}",

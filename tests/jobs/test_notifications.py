@@ -1,5 +1,6 @@
-"""Failure notifications against a local receiver: a rule tells a webhook (or e-mail addresses) once
-per run whose final attempt failed, timed out, was lost or skipped; a failed send is retried with
+"""Notifications against a local receiver: a rule tells a webhook (or e-mail addresses) once per run
+whose final attempt failed, timed out, was lost or skipped, once per recovery (a success after a
+failure) and once per run that started later than it allows; a failed send is retried with
 backoff, then recorded as failed with its error; every message is recorded."""
 
 from __future__ import annotations
@@ -275,3 +276,73 @@ def test_admins_add_rules_in_the_admin_and_it_is_audited(client, make_user, rece
         {"name": "bad", "events": ["failed"], "channel": "webhook", "target": "ftp://x"},
     )
     assert bad.status_code == 200 and notifications.ERR_WEBHOOK_URL in bad.content.decode()
+
+
+# --- recovered and late start -------------------------------------------------------------------
+
+
+def finished(job: Job, status: str, *, at, started_late_s: float = 0.0) -> JobExecution:
+    due = at - timedelta(seconds=1)
+    return JobExecution.objects.create(
+        job=job,
+        scheduled_for=due,
+        run_after=due,
+        status=status,
+        started_at=due + timedelta(seconds=started_late_s),
+        finished_at=at,
+        node="node-a",
+    )
+
+
+def test_a_success_after_a_failure_is_told_as_recovered_once(receiver) -> None:
+    job, other = make_job("nightly"), make_job("steady")
+    rule(receiver.url, events=["recovered"])
+    now = timezone.now()
+    finished(job, S.SUCCEEDED, at=now - timedelta(seconds=50))
+    finished(job, S.FAILED, at=now - timedelta(seconds=40))
+    finished(job, S.SKIPPED, at=now - timedelta(seconds=35))  # says nothing of the job's health
+    back = finished(job, S.SUCCEEDED, at=now - timedelta(seconds=30))
+    finished(job, S.SUCCEEDED, at=now - timedelta(seconds=20))  # healthy already: not told
+    finished(other, S.SUCCEEDED, at=now - timedelta(seconds=30))  # never failed: not told
+    notifier = notifications.Notifier()
+    notifier.run_once(now)
+    notifier.run_once(now + timedelta(seconds=1))  # looked at again: still once
+    assert [(body["event"], body["execution"]["id"]) for _, body in receiver.requests] == [
+        ("recovered", back.pk)
+    ]
+
+
+def test_a_run_that_starts_later_than_the_rule_allows_is_told_once(receiver) -> None:
+    job = make_job("sla")
+    NotificationRule.objects.create(
+        name="sla",
+        events=["late_start", "failed"],
+        late_after_seconds=5,
+        channel="webhook",
+        target=receiver.url,
+    )
+    now = timezone.now()
+    on_time = finished(job, S.SUCCEEDED, at=now - timedelta(seconds=30), started_late_s=2)
+    late = finished(job, S.FAILED, at=now - timedelta(seconds=20), started_late_s=9)
+    notifier = notifications.Notifier()
+    notifier.run_once(now)
+    notifier.run_once(now + timedelta(seconds=1))
+    told = sorted((body["event"], body["execution"]["id"]) for _, body in receiver.requests)
+    # The late run that then failed is told of both; the one on time of neither.
+    assert told == [("failed", late.pk), ("late_start", late.pk)]
+    assert on_time.pk not in {body["execution"]["id"] for _, body in receiver.requests}
+    late_body = next(body for _, body in receiver.requests if body["event"] == "late_start")
+    assert late_body["execution"]["started_at"] and late_body["execution"]["due"]
+
+
+@pytest.mark.parametrize(
+    ("late_after", "refused"), [(None, True), (0, True), (True, True), (30, False)]
+)
+def test_a_late_start_rule_needs_its_threshold(late_after, refused) -> None:
+    problems = notifications.check_rule(
+        events=["late_start"],
+        channel="webhook",
+        target="https://x.example/hook",
+        late_after_seconds=late_after,
+    )
+    assert ("late_after_seconds" in problems) == refused
