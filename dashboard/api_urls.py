@@ -26,6 +26,7 @@ from jobs.api.views import (
     AuditEventViewSet,
     ExecutionViewSet,
     JobViewSet,
+    NotificationRuleViewSet,
     SchedulePreviewView,
     TaskCatalogView,
 )
@@ -64,6 +65,7 @@ router.register("executions", ExecutionViewSet, basename="execution")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("terms", TermViewSet, basename="term")
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
+router.register("notification-rules", NotificationRuleViewSet, basename="notificationrule")
 
 urlpatterns = [
     path("cluster/", ClusterStateView.as_view(), name="cluster-state"),

@@ -8,8 +8,18 @@ from typing import Any
 
 from rest_framework import serializers
 
+from jobs import notifications
 from jobs.definition import WRITABLE_FIELDS, job_body_schema, json_schema
-from jobs.models import MAX_PRIORITY, AuditEvent, Job, JobExecution
+from jobs.models import (
+    MAX_PRIORITY,
+    AuditEvent,
+    Job,
+    JobExecution,
+    NotificationChannel,
+    NotificationEvent,
+    NotificationRule,
+)
+from jobs.roles import ADMIN, has_role
 from jobs.selectors import job_schedule_description
 from jobs.services import MAX_BATCH_JOBS, MAX_ENQUEUE_RUNS
 
@@ -275,3 +285,66 @@ class TaskSerializer(serializers.Serializer):
     description = serializers.CharField(allow_blank=True)
     parameters = TaskParameterSerializer(many=True)
     example = TaskExampleSerializer()
+
+
+class NotificationRuleSerializer(serializers.ModelSerializer):
+    job_name = serializers.SerializerMethodField(help_text="The rule's job (null: every job).")
+    target = serializers.SerializerMethodField(
+        help_text="Webhook URL or e-mail addresses; a URL is redacted to scheme, host and port "
+        "for anyone but an admin (it usually holds its credential)."
+    )
+
+    class Meta:
+        model = NotificationRule
+        fields = [
+            "id",
+            "name",
+            "job",
+            "job_name",
+            "events",
+            "late_after_seconds",
+            "channel",
+            "target",
+            "enabled",
+            "created_at",
+        ]
+
+    def get_job_name(self, rule: NotificationRule) -> str | None:
+        return rule.job.name if rule.job_id else None
+
+    def get_target(self, rule: NotificationRule) -> str:
+        request = self.context.get("request")
+        user = getattr(request, "user", None)
+        if user is not None and has_role(user, ADMIN):
+            return rule.target
+        return notifications.redact_url(rule.target)
+
+
+def notification_rule_body() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 200},
+            "job": {
+                "oneOf": [{"type": "integer"}, {"type": "string"}],
+                "nullable": True,
+                "description": "A job's id or name; absent or null: every job.",
+            },
+            "events": {
+                "type": "array",
+                "items": {"type": "string", "enum": list(NotificationEvent.values)},
+                "minItems": 1,
+            },
+            "late_after_seconds": {
+                "type": "integer",
+                "minimum": 1,
+                "nullable": True,
+                "description": "late_start: how late (seconds past due) a start may be.",
+            },
+            "channel": {"type": "string", "enum": list(NotificationChannel.values)},
+            "target": {"type": "string", "minLength": 1, "maxLength": 1000},
+            "enabled": {"type": "boolean"},
+        },
+        "required": ["name", "events", "channel", "target"],
+        "additionalProperties": False,
+    }

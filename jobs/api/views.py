@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import registry, schedules, services
+from jobs import notification_rules, registry, schedules, services
 from jobs.api.filters import AuditEventFilter, ExecutionFilter, JobFilter
 from jobs.api.serializers import (
     AuditEventSerializer,
@@ -21,6 +21,7 @@ from jobs.api.serializers import (
     ExecutionSerializer,
     JobBatchResultSerializer,
     JobSerializer,
+    NotificationRuleSerializer,
     SchedulePreviewSerializer,
     TaskSerializer,
     enqueue_body,
@@ -28,10 +29,11 @@ from jobs.api.serializers import (
     job_create_body,
     job_patch_body,
     job_replace_body,
+    notification_rule_body,
     trigger_body,
 )
 from jobs.definition import RULES, SCHEDULE_FIELDS, field_schema
-from jobs.models import AuditEvent, AuditSource, Job, JobExecution
+from jobs.models import AuditEvent, AuditSource, Job, JobExecution, NotificationRule
 from jobs.roles import OPERATOR
 from jobs.validation import ERR_UNKNOWN_FIELD, MAX_PREVIEW_COUNT, schedule_preview_args
 
@@ -247,6 +249,39 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = AuditEventSerializer
     filterset_class = AuditEventFilter
     search_fields = ["object_repr", "actor_name", "action"]
+
+
+class NotificationRuleViewSet(viewsets.ModelViewSet):
+    """Notification rules: read (viewer; a webhook URL redacted for anyone but an admin) and
+    written (admin), each write audited."""
+
+    queryset = NotificationRule.objects.select_related("job").all()
+    serializer_class = NotificationRuleSerializer
+    search_fields = ["name"]
+    ordering_fields = ["name", "created_at"]
+
+    @extend_schema(request=notification_rule_body, responses={201: NotificationRuleSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        rule = notification_rules.rule_save(data=_body(request), by=actor_from(request))
+        return Response(self.get_serializer(rule).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=notification_rule_body, responses={200: NotificationRuleSerializer})
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        rule = self.get_object()
+        data = _body(request)
+        if kwargs.get("partial"):
+            current = next(r for r in notification_rules.rules_export() if r["name"] == rule.name)
+            data = {**current, "job": rule.job_id, **data}
+        rule = notification_rules.rule_save(data=data, by=actor_from(request), rule_id=rule.pk)
+        return Response(self.get_serializer(rule).data)
+
+    @extend_schema(request=notification_rule_body, responses={200: NotificationRuleSerializer})
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return self.update(request, *args, partial=True, **kwargs)
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        notification_rules.rule_delete(rule_id=self.get_object().pk, by=actor_from(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class TaskCatalogView(APIView):

@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 
-from jobs import declarations, registry, retention, selectors, services
+from jobs import declarations, notification_rules, registry, retention, selectors, services
 from jobs.models import AuditSource, Job
 from jobs.services import ActionNotAllowed, Actor
 from jobs.validation import JobValidationError
@@ -241,10 +242,13 @@ class Command(BaseCommand):
             raise CommandError(
                 f"no such job(s): {', '.join(sorted(missing))}", returncode=EXIT_USAGE
             )
+        document: dict[str, Any] = {"jobs": definitions}
+        if not names:  # the whole installation: its notification rules too
+            document["notification_rules"] = notification_rules.rules_export()
         if format == "json":
-            text = _dumps_json({"jobs": definitions})
+            text = _dumps_json(document)
         else:
-            text = yaml.safe_dump({"jobs": definitions}, sort_keys=False, allow_unicode=True)
+            text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
         if output:
             Path(output).write_text(text)
             self.stderr.write(f"wrote {len(definitions)} job(s) to {output}")
@@ -266,11 +270,24 @@ class Command(BaseCommand):
                     "app's tasks.py or SCHEDULER_TASK_MODULES",
                     returncode=EXIT_USAGE,
                 )
-        else:
-            definitions = _load_definitions(file)
-        results = services.job_apply_definitions(
-            definitions=definitions, by=CLI_ACTOR, dry_run=dry_run, prune=prune
-        )
+        rules = None
+        if not from_code:
+            assert file is not None
+            data = _read(file)
+            definitions = _as_list(data, file, "jobs", what="job definitions")
+            if isinstance(data, dict) and "notification_rules" in data:
+                rules = data["notification_rules"]
+        # The jobs, then the rules (which may name jobs the file creates), in one transaction:
+        # a bad rule leaves the jobs as they were too. A dry run does it all, then rolls back.
+        with transaction.atomic():
+            results = services.job_apply_definitions(
+                definitions=definitions, by=CLI_ACTOR, dry_run=False, prune=prune
+            )
+            rule_results = (
+                notification_rules.rules_apply(rules, by=CLI_ACTOR) if rules is not None else []
+            )
+            if dry_run:
+                transaction.set_rollback(True)
         prefix = "(dry run) " if dry_run else ""
         for result in results:
             self.stdout.write(f"{prefix}{result.action:9} {result.name}")
@@ -282,27 +299,42 @@ class Command(BaseCommand):
             for a in ("created", "updated", "unchanged", "deleted")
         }
         self.stdout.write(prefix + ", ".join(f"{n} {a}" for a, n in counts.items()))
+        if rules is not None:
+            for rule in rule_results:
+                if rule.action != "unchanged":
+                    self.stdout.write(f"{prefix}{rule.action:9} notification rule {rule.name}")
+            made = {
+                a: sum(r.action == a for r in rule_results)
+                for a in ("created", "updated", "unchanged")
+            }
+            self.stdout.write(
+                prefix + "notification rules: " + ", ".join(f"{n} {a}" for a, n in made.items())
+            )
 
 
 def _dumps_json(data: Any) -> str:
     return json.dumps(data, indent=2, default=str)
 
 
-def _load_definitions(file: str) -> list[Any]:
-    return _load_list(file, "jobs", what="job definitions")
-
-
-def _load_list(file: str, key: str, *, what: str = "runs") -> list[Any]:
-    """A YAML/JSON list from ``file`` (``-``: standard input), bare or as ``{key: [...]}``."""
+def _read(file: str) -> Any:
+    """The YAML/JSON document in ``file`` (``-``: standard input)."""
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
     except OSError as exc:
         raise CommandError(f"cannot read {file}: {exc.strerror}", returncode=EXIT_USAGE) from exc
     try:
         # YAML is a superset of JSON: one safe loader reads both. No custom tags, no objects.
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise CommandError(f"{file} is not valid YAML/JSON: {exc}", returncode=EXIT_USAGE) from exc
+
+
+def _load_list(file: str, key: str, *, what: str = "runs") -> list[Any]:
+    """A YAML/JSON list from ``file`` (``-``: standard input), bare or as ``{key: [...]}``."""
+    return _as_list(_read(file), file, key, what=what)
+
+
+def _as_list(data: Any, file: str, key: str, *, what: str) -> list[Any]:
     if isinstance(data, dict) and key in data:
         data = data[key]
     if not isinstance(data, list):
