@@ -779,18 +779,19 @@ class NodeRunner:
                     self._record_step_down(seat)
                     if seat.elector.release():
                         self._publish_wake(announce.LEASE_RELEASED)
+        # Taken before the passes: a wake-up that comes during them is for the next call.
+        woken, self._woken = self._woken, False
         now_m = self.clock.monotonic()
         wait = LEADER_MAX_SLEEP_S
         for seat in self.seats:
             if not seat.is_leader or seat.term is None:
                 continue
-            if seat.next_pass_at > now_m + 1e-3 and not self._woken:
+            if seat.next_pass_at > now_m + 1e-3 and not woken:
                 wait = min(wait, seat.next_pass_at - now_m)
                 continue
             delay = self._partition_pass(seat)
             seat.next_pass_at = self.clock.monotonic() + delay
             wait = min(wait, delay)
-        self._woken = False
         return wait
 
     def _partition_pass(self, seat: Seat) -> float:
