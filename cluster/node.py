@@ -134,6 +134,8 @@ ERR_CONNECTIONS = (
 )
 
 
+# Why a node claims nothing before its first reading of the database's clock.
+CLOCK_UNSYNCED = "clock not yet read from the database"
 # How often a node judges whether its database answers (seconds; cluster.dbhealth).
 DB_WATCH_S = 0.1
 # The presence payload's mark of a node that cannot reach its database.
@@ -357,11 +359,19 @@ class NodeRunner:
                 on_stopped_leading=lambda lease, why, seat=seat: self._stopped_leading(
                     seat, lease, why
                 ),
-                can_lead=lambda: self.pace.can_lead(),
+                can_lead=self._can_lead,
                 poked=self._election_poked,
             )
             self.seats.append(seat)
         self.partition_count = max(self.partition_count, total)
+
+    def _can_lead(self) -> bool:
+        """Able to do a leader's work: its path keeps up (cluster.pace), and its clock is the
+        database's (a node started during a step of its machine's clock would date fires wrong)."""
+        return self.clock_synced() and self.pace.can_lead()
+
+    def clock_synced(self) -> bool:
+        return self.timekeeper is None or self.timekeeper.synced
 
     @property
     def elector(self) -> LeaderElector:
@@ -371,6 +381,12 @@ class NodeRunner:
     def register(self) -> SchedulerNode:
         # The cluster's partition count, before this node campaigns for any of them.
         self._add_seats(partitioning.count(fresh=True))
+        # The database's time before anything is claimed or fired (the heartbeat keeps trying).
+        if self.timekeeper is not None and not self.timekeeper.first_sync():
+            logger.warning(
+                "could not read the database's clock yet; claiming and leading wait for it",
+                extra=self._log_extra,
+            )
         # Present in the backend before the row says "active": the reaper never sees an active
         # node without a presence unless it is dead.
         self.presence_once()
@@ -932,6 +948,10 @@ class NodeRunner:
             LEADER_CLAIM_LOOKAHEAD_S if self.is_leader else CLAIM_LOOKAHEAD_S,
         )
         self.pace.judge_claims()
+        if not self.clock_synced():
+            # Until the database's clock is read, this machine's may be stepped: claim nothing.
+            self._note_claim_idle(CLOCK_UNSYNCED)
+            return self.config.claim_poll_s
         claimed = self.executor.claim_once()
         self._note_claim_idle(self.executor.idle_reason)
         # The claimer says when to look again (a claim that took all that was due, a node

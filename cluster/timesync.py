@@ -27,6 +27,11 @@ CLOCK_WARN_S = 0.5  # a machine clock further off than this is worth a warning
 # one comes with the next heartbeat after CLOCK_SYNC_S).
 MAX_READING_RTT_S = 0.02
 RTT_SLACK = 1.5
+# Until its first reading a node has only its machine's clock, which may be stepped (a node started
+# during a bad NTP step): the first reading is taken with a round trip of up to this (its error is
+# at most half of it), and the node claims nothing before it has one.
+FIRST_READING_MAX_RTT_S = 0.5
+FIRST_READING_ATTEMPTS = 5
 
 
 def database_time() -> float:
@@ -49,6 +54,18 @@ class TimeKeeper:
         self._last = -CLOCK_SYNC_S
         self._off = False
         self._rtts: deque[float] = deque(maxlen=5)
+        # Whether the clock has had a reading (before it, it is the machine's own clock).
+        self.synced = False
+
+    def first_sync(self) -> bool:
+        """Take the first reading now (at registration, before the node claims anything): a few
+        tries, each accepted with a round trip up to FIRST_READING_MAX_RTT_S. Returns whether the
+        clock is synced (if not, the heartbeat keeps trying and the node claims nothing)."""
+        for _ in range(FIRST_READING_ATTEMPTS):
+            self._last = -CLOCK_SYNC_S
+            if self.maybe_sync():
+                return True
+        return self.synced
 
     def maybe_sync(self) -> bool:
         """Read the database's clock if a reading is due (the caller's database thread). Returns
@@ -61,8 +78,10 @@ class TimeKeeper:
         rtt = received - sent
         typical = statistics.median(self._rtts) if self._rtts else 0.0
         self._rtts.append(rtt)
-        if rtt > max(MAX_READING_RTT_S, RTT_SLACK * typical):
+        bound = FIRST_READING_MAX_RTT_S if not self.synced else MAX_READING_RTT_S
+        if rtt > max(bound, RTT_SLACK * typical):
             return False
+        self.synced = True
         self._last = received
         offset = self.clock.sync(reference, sent_mono=sent, received_mono=received)
         node_metrics.clock_offset(offset)

@@ -10,7 +10,7 @@ import pytest
 
 from cluster import timesync
 from cluster.clock import ReferenceClock, SettableClock
-from cluster.timesync import CLOCK_SYNC_S, TimeKeeper, database_time
+from cluster.timesync import CLOCK_SYNC_S, FIRST_READING_MAX_RTT_S, TimeKeeper, database_time
 
 
 class SteppableClock(SettableClock):
@@ -81,15 +81,81 @@ def test_a_reading_with_a_long_round_trip_is_dropped(monkeypatch: pytest.MonkeyP
     machine = SteppableClock(start=1_000.0)
     clock = ReferenceClock(machine)
     keeper = TimeKeeper("n1", clock)
+    monkeypatch.setattr(timesync, "database_time", lambda: machine.now() + 3.0)
+    assert keeper.maybe_sync()  # the first reading
+    machine.advance(CLOCK_SYNC_S)
 
     def held() -> float:
         machine.advance(0.15)  # the request waited on the link; the server answers at once
-        return machine.now() + 3.0
+        return machine.now() + 5.0
 
     monkeypatch.setattr(timesync, "database_time", held)
     assert not keeper.maybe_sync()
-    assert clock.now() == pytest.approx(machine.now())
-    machine.advance(CLOCK_SYNC_S)
-    monkeypatch.setattr(timesync, "database_time", lambda: machine.now() + 3.0)
-    assert keeper.maybe_sync()
     assert clock.now() == pytest.approx(machine.now() + 3.0)
+    machine.advance(CLOCK_SYNC_S)
+    monkeypatch.setattr(timesync, "database_time", lambda: machine.now() + 5.0)
+    assert keeper.maybe_sync()
+    assert clock.now() == pytest.approx(machine.now() + 5.0)
+
+
+def test_the_first_reading_takes_a_slower_round_trip_and_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Until its first reading a node has only its machine's clock (perhaps stepped): the first
+    reading is taken with a round trip up to FIRST_READING_MAX_RTT_S, tried a few times at once."""
+    machine = SteppableClock(start=1_000.0)
+    clock = ReferenceClock(machine)
+    keeper = TimeKeeper("n1", clock)
+    delays = [2.0, 0.3]  # one too slow even for a first reading, then one slow but usable
+
+    def answer() -> float:
+        machine.advance(delays.pop(0) if delays else 0.0)
+        return machine.now() + 5.47
+
+    monkeypatch.setattr(timesync, "database_time", answer)
+    assert not keeper.synced
+    assert keeper.first_sync()
+    assert keeper.synced and not delays
+    # Read as if half-way through the 0.3 s round trip: off by at most half of it.
+    assert clock.now() == pytest.approx(machine.now() + 5.47 + 0.15)
+    # A lone reading slower than that is not taken, even as a first one.
+    slow = TimeKeeper("n2", ReferenceClock(machine))
+
+    def too_slow() -> float:
+        machine.advance(FIRST_READING_MAX_RTT_S + 0.1)
+        return machine.now()
+
+    monkeypatch.setattr(timesync, "database_time", too_slow)
+    assert not slow.maybe_sync() and not slow.synced
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_without_a_reading_claims_and_leads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node started while its machine's clock is stepped would claim runs due seconds from now
+    as due already (a chaos run caught bodies started 1.1 s early): until its first reading it
+    claims nothing and does not campaign."""
+    from cluster.coordination.memory import MemoryBackend
+    from cluster.node import CLOCK_UNSYNCED, NodeConfig, NodeRunner
+    from jobs import services
+
+    services.job_create(
+        data={"name": "tick", "task": "noop", "schedule_type": "interval", "interval_seconds": 1},
+        by=services.SYSTEM,
+    )
+    machine = SteppableClock(start=time.time())
+    runner = NodeRunner(
+        NodeConfig(node_id="late-clock"), backend=MemoryBackend(), clock=ReferenceClock(machine)
+    )
+    assert runner.timekeeper is not None
+    monkeypatch.setattr(runner.timekeeper, "first_sync", lambda: False)  # the database is slow
+    runner.register()
+    runner.election_once()
+    assert not runner.elector.lease  # it did not campaign
+    before = runner.executor.claim_once
+    monkeypatch.setattr(runner.executor, "claim_once", lambda: pytest.fail("claimed"))
+    runner.claim_once()
+    assert runner._idle_since is not None and runner._idle_since[0] == CLOCK_UNSYNCED
+    runner.timekeeper.synced = True
+    monkeypatch.setattr(runner.executor, "claim_once", before)
+    runner.election_once()
+    assert runner.elector.lease is not None
