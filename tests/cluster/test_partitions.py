@@ -93,6 +93,16 @@ def test_the_share_covers_every_partition() -> None:
     assert partitions.lease_name(3) != partitions.lease_name(0)
 
 
+def test_a_partition_is_handed_back_only_to_a_node_with_room() -> None:
+    # 4 partitions, 3 able nodes: a share is 2, the floor 1.
+    assert partitions.gives_back(3, 4, 3, fewest_other=0)  # over its share, a taker in view
+    assert partitions.gives_back(2, 4, 3, fewest_other=0)  # over the floor while one has none
+    assert not partitions.gives_back(2, 4, 3, fewest_other=1)  # 2, 1, 1: settled
+    assert not partitions.gives_back(3, 4, 3, fewest_other=2)  # nobody has room: keep it
+    assert not partitions.gives_back(3, 4, 3, fewest_other=None)  # no other node in view
+    assert partitions.gives_back(4, 4, 2, fewest_other=0)  # a node joined
+
+
 # --- on the deterministic cluster --------------------------------------------------------------------
 
 
