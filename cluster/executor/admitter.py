@@ -139,6 +139,10 @@ class Admitter:
             )
         )
         held.update((pk, lock) for pk, (_, lock) in locks.items() if lock is not None)
+        if any(state == Lock.UNAVAILABLE for state, _ in locks.values()):
+            # This node cannot reach the job locks' quorum (its path to them is cut or slow):
+            # the runs go back, and it claims none for a while, so nodes that can take them.
+            host.locks_unavailable()
         starts: list[tuple[Scheduled, LockWatchdog | None]] = []
         now = host.clock.now()
         for item in candidates:

@@ -35,6 +35,10 @@ CLAIM_GATHER_S = 0.005
 CLAIM_PASS_MIN_S = 0.05
 
 
+# Why a node claims nothing for a moment after it could not reach its job locks' quorum.
+LOCKS_UNAVAILABLE = "job locks unreachable from this node"
+
+
 class Claimer:
     def __init__(self, host: Host, books: Ledger) -> None:
         self.host = host
@@ -63,6 +67,10 @@ class Claimer:
             return 0
         if host.held_back is not None:
             self.idle_reason = host.held_back
+            return 0
+        if host.clock.monotonic() < host.locks_unavailable_until:
+            self.idle_reason = LOCKS_UNAVAILABLE
+            self.next_claim_in = host.locks_unavailable_until - host.clock.monotonic()
             return 0
         # Room and the gathering state change together, under the lock that a run's completion
         # takes to decide whether to wake this loop (``room``): a wake-up cannot be lost between

@@ -53,6 +53,10 @@ __all__ = ["PREPARE_AHEAD_S", "PREPARE_WORKERS", "RECONCILE_AFTER_S", "Executor"
 IDLE_POLL_S = 0.05
 
 
+# A node that could not reach its job locks' quorum claims nothing for this long (seconds).
+LOCKS_UNAVAILABLE_HOLD_S = 2.0
+
+
 class Executor:
     """Claims and runs executions for one node, within ``capacity``.
 
@@ -94,6 +98,9 @@ class Executor:
         # and who to tell when capacity frees (the claim loop looks again at once).
         self.claiming = True
         self.held_back: str | None = None
+        # Until when (monotonic) this node claims nothing because it could not reach the job
+        # locks' quorum (``locks_unavailable``).
+        self.locks_unavailable_until = float("-inf")
         self.database_able: Callable[[], bool] = lambda: True
         self.on_room: Callable[[], None] = lambda: None
         self.books = Ledger(capacity=capacity, clock=self.clock)
@@ -215,6 +222,15 @@ class Executor:
 
     def complete(self, outcome: Outcome, *, body_ended: bool = False) -> bool:
         return self.outcomes.complete(outcome, body_ended=body_ended)
+
+    def locks_unavailable(self) -> None:
+        """A job lock could not be asked (too few lock masters answered): claim nothing for
+        LOCKS_UNAVAILABLE_HOLD_S, so the runs this node hands back go to nodes that can lock
+        them rather than back to it (a chaos run saw a worker with a slowed path to Redis sit on
+        claims it could not start, one second at a time, for 8 s)."""
+        until = self.clock.monotonic() + LOCKS_UNAVAILABLE_HOLD_S
+        if until > self.locks_unavailable_until:
+            self.locks_unavailable_until = until
 
     def still_owner(self, run: ActiveRun) -> bool:
         """The run's claim still holds: its outcome not yet settled, not cancelled, this node's

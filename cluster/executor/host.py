@@ -30,6 +30,7 @@ class Host(Protocol):
     # answers, and who to tell when room frees.
     claiming: bool
     held_back: str | None
+    locks_unavailable_until: float  # monotonic: no claims before it (job locks unreachable)
     database_able: Callable[[], bool]
     on_room: Callable[[], None]
 
@@ -44,3 +45,5 @@ class Host(Protocol):
     def may_start(self, run: ActiveRun) -> bool: ...
 
     def complete(self, outcome: Outcome, *, body_ended: bool = False) -> bool: ...
+
+    def locks_unavailable(self) -> None: ...
