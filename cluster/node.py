@@ -294,6 +294,9 @@ class NodeRunner:
         self._last_reap = 0.0
         # Set by a wake-up from outside (a job changed): every led partition passes at once.
         self._woken = False
+        # Set by a partition's pass that wrote fires or promoted retries (leader_once wakes the
+        # claimers once for all of them).
+        self._fired = False
         self._notifier: notifications.Notifier | None = None
         self._last_reconcile = self.clock.monotonic()
         self._idle_since: tuple[str, float] | None = None
@@ -797,6 +800,7 @@ class NodeRunner:
                         self._publish_wake(announce.LEASE_RELEASED)
         # Taken before the passes: a wake-up that comes during them is for the next call.
         woken, self._woken = self._woken, False
+        self._fired = False
         now_m = self.clock.monotonic()
         wait = LEADER_MAX_SLEEP_S
         for seat in self.seats:
@@ -808,6 +812,11 @@ class NodeRunner:
             delay = self._partition_pass(seat)
             seat.next_pass_at = self.clock.monotonic() + delay
             wait = min(wait, delay)
+        if self._fired:
+            # One wake-up for the fires of every partition passed now, not one per partition:
+            # eight partitions' wake-ups had every claimer take eight small batches.
+            self._publish_wake()
+            self._wake_claim.set()
         return wait
 
     def _partition_pass(self, seat: Seat) -> float:
@@ -839,8 +848,7 @@ class NodeRunner:
         finally:
             self.pace.pass_began = None
         if result.fired or result.promoted:
-            self._publish_wake()
-            self._wake_claim.set()
+            self._fired = True  # the claimers are woken once, after every partition's pass
         self.pace.judge_tick(result.late_s)
         if result.more:
             return 0.0
