@@ -50,6 +50,7 @@ from chaos.rules.leadership import (
     terms_held_twice,
 )
 from chaos.rules.overlaps import (
+    CUT_BODY_OVERLAP,
     FORBID_OVERLAP,
     FROZEN_AT_START,
     FROZEN_BODY_OVERLAP,
@@ -79,7 +80,7 @@ from chaos.rules.schedule import (
 )
 
 API_ANOMALY = "api_anomaly"  # an operator action answered unexpectedly (5xx, a lost update)
-NOTE_KINDS = (FROZEN_BODY_OVERLAP, LOST_WHILE_RUNNING, FROZEN_AT_START)
+NOTE_KINDS = (FROZEN_BODY_OVERLAP, CUT_BODY_OVERLAP, LOST_WHILE_RUNNING, FROZEN_AT_START)
 
 VIOLATION_KINDS = (
     DUPLICATE_EXECUTION,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from chaos import faults
 from chaos.record import (
     ENDED_BY_DECISION,
     FORBID,
@@ -17,6 +18,7 @@ from chaos.record import (
     CheckConfig,
     History,
     Index,
+    SideEffect,
     Violation,
     effect_evidence,
     row_evidence,
@@ -29,6 +31,9 @@ UNJUSTIFIED_SKIP = "unjustified_skip"  # a forbid skip while no run of the job w
 
 # Notes: worth reading, not violations of a guarantee.
 FROZEN_BODY_OVERLAP = "frozen_body_overlap"  # a forbid overlap caused by a body frozen mid-run
+# A forbid overlap caused by a body stuck on its own fenced write while its node was cut off from
+# the database, whose write then went nowhere (refused as stale, or failed).
+CUT_BODY_OVERLAP = "cut_body_overlap"
 LOST_WHILE_RUNNING = "lost_while_running"  # declared lost while its node was up and running it
 # Frozen between its self-fence and its first step, before being declared over: it starts on resume.
 FROZEN_AT_START = "frozen_at_start"
@@ -44,6 +49,24 @@ MSG_START_NOT_RECORDED = "execution {execution_id}: body started but the run is 
 MSG_FROZEN_OVERLAP = (
     "job {job_id} (forbid): execution {first} was frozen inside its body (SIGSTOP), declared "
     "{status} and resumed while execution {second} ran"
+)
+MSG_CUT_OVERLAP = (
+    "job {job_id} (forbid): execution {first} was stuck in its fenced write while its node was "
+    "cut off from the database, declared {status}, and ended ({fenced}) while execution {second} "
+    "ran"
+)
+# Faults that cut a node off from its database (its own link, or every node's).
+DB_CUT_FAULTS = frozenset(
+    {
+        faults.PARTITION_DB_LEADER,
+        faults.PARTITION_DB_WORKER,
+        faults.ONEWAY_DB_LEADER,
+        faults.ONEWAY_DB_WORKER,
+        faults.PARTITION_BOTH_LEADER,
+        faults.PARTITION_BOTH_WORKER,
+        faults.DB_DOWN,
+        faults.MARIADB_RESTART,
+    }
 )
 MSG_LOST_WHILE_RUNNING = (
     "execution {execution_id}: declared lost at {at} while node {node} was running its body "
@@ -84,6 +107,7 @@ def forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], li
         intervals[row.job_id].append((span[0], end, execution_id))
     found: list[Violation] = []
     notes: list[Violation] = []
+    ends = {e.execution_id: e for e in history.side_effects if e.event == "end" and e.fenced}
     for job_id, spans in intervals.items():
         spans.sort()
         latest: tuple[float, float, int] | None = None  # the known interval ending last so far
@@ -110,6 +134,22 @@ def forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], li
                             evidence,
                         )
                     )
+                elif first.status in (LOST, TIMED_OUT) and _stuck_writing(
+                    history, ends.get(first.id), first.node, latest[0], latest[1]
+                ):
+                    notes.append(
+                        Violation(
+                            CUT_BODY_OVERLAP,
+                            MSG_CUT_OVERLAP.format(
+                                job_id=job_id,
+                                first=first.id,
+                                status=first.status,
+                                fenced=ends[first.id].fenced,
+                                second=span[2],
+                            ),
+                            evidence,
+                        )
+                    )
                 else:
                     found.append(
                         Violation(
@@ -121,6 +161,23 @@ def forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], li
             if latest is None or span[1] > latest[1]:
                 latest = span
     return found, notes
+
+
+def _stuck_writing(
+    history: History, end: SideEffect | None, node: str, start: float, stop: float
+) -> bool:
+    """Whether a body ended with a fenced write that went nowhere (refused or failed) while its
+    node was cut off from the database at some point of [start, stop]: the body was held by its
+    own write, which is what fencing is for (the lease's limit, as for a frozen body)."""
+    if end is None or end.fenced == "accepted":
+        return False
+    return any(
+        f.kind in DB_CUT_FAULTS
+        and (f.target == node or f.kind in (faults.DB_DOWN, faults.MARIADB_RESTART))
+        and f.start <= stop
+        and f.end >= start
+        for f in history.faults
+    )
 
 
 def lost_while_running(history: History, index: Index) -> list[Violation]:

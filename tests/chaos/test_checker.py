@@ -871,7 +871,22 @@ def frozen_body_stale_write(h: History) -> None:
     _fenced(h, 1, {0: (5000, "accepted"), 2: (1002, "accepted")})
 
 
+def stuck_in_a_fenced_write(h: History, outcome: str) -> None:
+    """Job 1's slot 2 body is stuck in its fenced write while its node (n3) is cut off from the
+    database; declared lost, it ends 3 s later with its write gone nowhere (or through)."""
+    h.faults.append(Fault("partition_db_worker", "n3", T0 + 2.1, T0 + 6.0))
+    stuck = _replace_row(h, 1, 2, status="lost", reason="node n3 is gone (its presence expired)")
+    _fenced(h, 1, {2: (stuck.id, outcome)})
+    _move_effect(h, stuck.id, "end", T0 + 5.2)
+
+
 CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
+    ("stuck fenced write", lambda h: stuck_in_a_fenced_write(h, "error: OperationalError"), {}),
+    (
+        "stuck write that landed",
+        lambda h: stuck_in_a_fenced_write(h, "accepted"),
+        {c.FORBID_OVERLAP: "ran at the same time"},
+    ),
     ("fenced write refused", frozen_body_refused, {}),
     ("stale fenced write", frozen_body_stale_write, {c.STALE_FENCED_WRITE: "token 1002"}),
     ("clean", None, {}),
