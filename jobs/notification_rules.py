@@ -147,20 +147,22 @@ def rule_delete(*, rule_id: int, by: Actor) -> None:
         rule.delete()
 
 
+def rule_data(rule: NotificationRule) -> dict[str, Any]:
+    """A rule as ``clean_rule`` reads it (its job by name, its target whole)."""
+    return {
+        "name": rule.name,
+        "job": rule.job.name if rule.job else None,
+        "events": rule.events,
+        "late_after_seconds": rule.late_after_seconds,
+        "channel": rule.channel,
+        "target": rule.target,
+        "enabled": rule.enabled,
+    }
+
+
 def rules_export() -> list[dict[str, Any]]:
-    """Every rule as ``jobs apply`` reads it back (its job by name, its target whole)."""
-    return [
-        {
-            "name": rule.name,
-            "job": rule.job.name if rule.job else None,
-            "events": rule.events,
-            "late_after_seconds": rule.late_after_seconds,
-            "channel": rule.channel,
-            "target": rule.target,
-            "enabled": rule.enabled,
-        }
-        for rule in NotificationRule.objects.select_related("job").order_by("name")
-    ]
+    """Every rule as ``jobs apply`` reads it back."""
+    return [rule_data(r) for r in NotificationRule.objects.select_related("job").order_by("name")]
 
 
 @dataclass

@@ -272,8 +272,7 @@ class NotificationRuleViewSet(viewsets.ModelViewSet):
         rule = self.get_object()
         data = _body(request)
         if kwargs.get("partial"):
-            current = next(r for r in notification_rules.rules_export() if r["name"] == rule.name)
-            data = {**current, "job": rule.job_id, **data}
+            data = {**notification_rules.rule_data(rule), "job": rule.job_id, **data}
         rule = notification_rules.rule_save(data=data, by=actor_from(request), rule_id=rule.pk)
         return Response(self.get_serializer(rule).data)
 
