@@ -23,9 +23,11 @@ from typing import Any
 
 from jobs.models import (
     MAX_BACKOFF_S,
+    MAX_FLOW_LIMIT,
     MAX_GRACE_S,
     MAX_INTERVAL_S,
     MAX_PRIORITY,
+    MAX_RATE_PERIOD_S,
     MAX_RETRIES,
     MAX_RUN_ALL_CATCHUP,
     MAX_SPREAD_S,
@@ -280,6 +282,34 @@ FIELDS: tuple[FieldRule, ...] = (
         high=MAX_BACKOFF_S,
     ),
     FieldRule("retry_jitter", BOOLEAN, "Randomise delays a little.", default=True),
+    FieldRule(
+        "max_concurrent",
+        INTEGER,
+        "At most this many runs of the job at once across the cluster; more wait their turn. "
+        "Empty means no bound beyond the concurrency policy.",
+        default=None,
+        low=1,
+        high=MAX_FLOW_LIMIT,
+        nullable=True,
+    ),
+    FieldRule(
+        "rate_limit",
+        INTEGER,
+        "At most this many runs of the job start in any rate_period_seconds across the cluster; "
+        "more wait their turn. Empty means no rate limit.",
+        default=None,
+        low=1,
+        high=MAX_FLOW_LIMIT,
+        nullable=True,
+    ),
+    FieldRule(
+        "rate_period_seconds",
+        INTEGER,
+        "The period rate_limit counts over, in seconds.",
+        default=60,
+        low=1,
+        high=MAX_RATE_PERIOD_S,
+    ),
     FieldRule(
         "timeout_seconds",
         INTEGER,

@@ -236,6 +236,11 @@ class JobForm(forms.Form):
         return [self[name] for name in names]
 
     @property
+    def flow_fields(self) -> list[forms.BoundField]:
+        names = ("max_concurrent", "rate_limit", "rate_period_seconds")
+        return [self[name] for name in names]
+
+    @property
     def retry_fields(self) -> list[forms.BoundField]:
         names = (
             "max_retries",

@@ -19,6 +19,9 @@ from jobs.states import ExecutionStatus
 # overflow ("absurd numbers"). Shared with validation and the API schema.
 MAX_INTERVAL_S = 366 * 24 * 3600
 MAX_TIMEOUT_S = 7 * 24 * 3600
+# Flow control bounds (jobs.flow): a limit's count, and a rate limit's period (a day).
+MAX_FLOW_LIMIT = 100_000
+MAX_RATE_PERIOD_S = 86_400
 MAX_RETRIES = 100
 MAX_BACKOFF_S = 7 * 24 * 3600
 MAX_GRACE_S = 7 * 24 * 3600
@@ -122,6 +125,12 @@ class Job(models.Model):
     concurrency_policy = models.CharField(
         max_length=16, choices=ConcurrencyPolicy.choices, default=ConcurrencyPolicy.FORBID
     )
+    # Flow control across the cluster (jobs.flow): at most this many runs of the job at once (NULL:
+    # no bound beyond the concurrency policy), and at most ``rate_limit`` starts in any
+    # ``rate_period_seconds``. A run held back by either waits (handed back with the reason).
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True)
+    rate_limit = models.PositiveIntegerField(null=True, blank=True)
+    rate_period_seconds = models.PositiveIntegerField(default=60)
 
     max_retries = models.PositiveIntegerField(default=0)
     retry_backoff_base = models.FloatField(default=1.0)  # seconds before the first retry
@@ -186,10 +195,61 @@ class Job(models.Model):
                 & Q(retry_backoff_max__gte=0),
             ),
             models.CheckConstraint(name="job_version_positive", condition=Q(version__gte=1)),
+            models.CheckConstraint(
+                name="job_flow_positive",
+                condition=(Q(max_concurrent__isnull=True) | Q(max_concurrent__gte=1))
+                & (Q(rate_limit__isnull=True) | Q(rate_limit__gte=1))
+                & Q(rate_period_seconds__gte=1),
+            ),
         ]
 
     def __str__(self) -> str:
         return self.name
+
+
+class Queue(models.Model):
+    """A queue's flow control, shared by every node (jobs.flow). A queue has no row until an
+    operator sets something on it: a queue without one has no limit and is not paused."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    # At most this many runs of the queue's jobs at once across the cluster (NULL: no bound).
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True)
+    # At most ``rate_limit`` runs of the queue start in any ``rate_period_seconds`` (NULL: none).
+    rate_limit = models.PositiveIntegerField(null=True, blank=True)
+    rate_period_seconds = models.PositiveIntegerField(default=60)
+    # A paused queue's runs are not claimed; they wait, and the misfire policy applies on resume.
+    paused = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                name="queue_flow_positive",
+                condition=(Q(max_concurrent__isnull=True) | Q(max_concurrent__gte=1))
+                & (Q(rate_limit__isnull=True) | Q(rate_limit__gte=1))
+                & Q(rate_period_seconds__gte=1),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FlowPermit(models.Model):
+    """One start of a rate-limited job or queue, at the instant it was released: the sliding
+    window a rate limit counts (jobs.flow). ``key`` is "job:<id>" or "queue:<name>". Kept for
+    PERMITS_KEPT_S after the instant, so the count can be checked afterwards."""
+
+    key = models.CharField(max_length=80)
+    released_at = models.DateTimeField()
+    execution_id = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["key", "released_at"], name="flow_permit_window_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.key} @ {self.released_at.isoformat()}"
 
 
 class ExecutionQuerySet(models.QuerySet):

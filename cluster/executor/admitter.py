@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
+from django.db import transaction
+
 from cluster import admission
 from cluster.admission import Decision, HandBack, Lock, Skip, Start, Wait
 from cluster.coordination import LockWatchdog
@@ -14,7 +16,7 @@ from cluster.executor import facts as gather
 from cluster.executor.host import Host
 from cluster.executor.ledger import Ledger
 from cluster.executor.runs import ActiveRun, Scheduled
-from jobs import executions
+from jobs import executions, flow
 from jobs.models import ConcurrencyPolicy, JobExecution
 
 logger = logging.getLogger(__name__)
@@ -223,16 +225,34 @@ class Admitter:
         # costs milliseconds). A row cancelled or taken meanwhile does not match and does not
         # start.
         now = host.clock.now()
-        won = executions.start_batch(
-            [item.execution for item, _ in starts],
-            planned={
-                item.execution.pk: datetime.fromtimestamp(max(item.due, now), tz=UTC)
-                for item, _ in starts
-            },
-        )
+        planned = {
+            item.execution.pk: datetime.fromtimestamp(max(item.due, now), tz=UTC)
+            for item, _ in starts
+        }
+        config = flow.queues()
+        gated = [item.execution for item, _ in starts if flow.limited(item.execution, config)]
+        held: dict[int, flow.Held] = {}
+        won: set[int] = set()
+        if gated:
+            held, won = self._start_gated(gated, planned)
+        if len(gated) < len(starts):
+            gated_ids = {execution.pk for execution in gated}
+            won |= executions.start_batch(
+                [item.execution for item, _ in starts if item.execution.pk not in gated_ids],
+                planned=planned,
+            )
         runs: list[ActiveRun] = []
         for item, lock in starts:
             execution = item.execution
+            if execution.pk in held:
+                # A flow limit holds it back: it waits in the queue (not here: a claim held
+                # while waiting counts against this node's capacity), saying why.
+                if lock is not None:
+                    host.release_lock(lock)
+                hold = held[execution.pk]
+                executions.hand_back(execution, run_after=hold.run_after, reason=hold.reason)
+                self.forget(execution.pk)
+                continue
             if execution.pk not in won:
                 logger.info("execution %s was cancelled or taken before it started", execution.pk)
                 if lock is not None:
@@ -245,3 +265,15 @@ class Admitter:
             runs.append(run)
         if runs:
             host.runner.launch(host, runs)
+
+    def _start_gated(
+        self, gated: list[JobExecution], planned: dict[int, datetime]
+    ) -> tuple[dict[int, flow.Held], set[int]]:
+        """The runs of limited jobs and queues through the flow gate, and those it lets through
+        marked running, in one transaction (the limits' rows stay locked until it commits)."""
+        now = self.host.now()
+        with transaction.atomic():
+            decided = flow.gate(gated, planned=planned, now=now)
+            won = executions.start_batch(decided.allowed, planned=planned)
+            flow.record(decided, won, planned=planned, now=now)
+        return decided.held, won

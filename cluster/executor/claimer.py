@@ -1,5 +1,6 @@
 """The claim loop's pass: claim what fits this node's capacity, the due runs of its queues, and hand
-them to the starter (or start them in the claim itself: due already, with no concurrency guard)."""
+them to the starter (or start them in the claim itself: due already, with no concurrency guard and
+no flow limit). A paused queue is not claimed from."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from cluster.executor import facts as gather
 from cluster.executor.host import Host
 from cluster.executor.ledger import Ledger
 from cluster.executor.runs import ActiveRun
-from jobs import executions
+from jobs import executions, flow
 from jobs.models import ConcurrencyPolicy, JobExecution
 from jobs.states import ExecutionStatus
 
@@ -126,9 +127,14 @@ class Claimer:
         epoch = host.membership.epoch
         now = host.now()
         began = time.monotonic()
+        queues = flow.unpaused(host.queues)
+        if not queues:
+            self.idle_reason = "every queue paused"
+            self.next_claim_in = flow.CONFIG_TTL_S
+            return 0
         claimed = executions.claim_batch(
             node_id=host.node_id,
-            queues=host.queues,
+            queues=queues,
             limit=free,
             horizon=now + timedelta(seconds=host.lookahead_s),
             now=now,
@@ -188,11 +194,14 @@ class Claimer:
             return []
         now = host.clock.now()
         instant = datetime.fromtimestamp(now, tz=UTC)
+        config = flow.queues()
         picks = []
         for execution in claimed:
             due = execution.run_after.timestamp()
             if due > now or execution.job.concurrency_policy in GUARDED_POLICIES:
                 continue
+            if flow.limited(execution, config):
+                continue  # the flow gate decides, in the starter
             if gather.may_be_overtaken(execution, now=instant):
                 continue
             decision = admission.admit(

@@ -280,12 +280,17 @@ def claim_prefix_of(token: str | None) -> str:
     return (token or "")[: (token or "").rfind("-") + 1]
 
 
-def hand_back(execution: JobExecution, *, run_after: datetime | None = None) -> bool:
+def hand_back(
+    execution: JobExecution, *, run_after: datetime | None = None, reason: str | None = None
+) -> bool:
     """Give a claimed, unstarted execution back to the queue (drain, a lock service that cannot
-    answer, a buffer_one run waiting its turn), due again at ``run_after`` when given."""
+    answer, a buffer_one run waiting its turn, a flow limit reached), due again at ``run_after``
+    when given, with ``reason`` (what it waits for) when given."""
     fields: dict[str, Any] = {"claim_token": None, "node": "", "claimed_at": None}
     if run_after is not None:
         fields["run_after"] = run_after
+    if reason is not None:
+        fields["reason"] = reason[:255]
     return bool(
         JobExecution.objects.filter(
             pk=execution.pk, status=S.PENDING, claim_token=execution.claim_token
