@@ -27,6 +27,7 @@ from jobs.api.views import (
     ExecutionViewSet,
     JobViewSet,
     NotificationRuleViewSet,
+    QueueViewSet,
     SchedulePreviewView,
     TaskCatalogView,
 )
@@ -66,6 +67,7 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("terms", TermViewSet, basename="term")
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
 router.register("notification-rules", NotificationRuleViewSet, basename="notificationrule")
+router.register("queues", QueueViewSet, basename="queue")
 
 urlpatterns = [
     path("cluster/", ClusterStateView.as_view(), name="cluster-state"),

@@ -6,7 +6,7 @@ Python, ``{% url %}`` in templates): the API's router has names of its own (``jo
 
 from django.urls import path
 
-from dashboard.views import audit, bulk, executions, jobs, nodes, overview
+from dashboard.views import audit, bulk, executions, jobs, nodes, overview, queues
 
 app_name = "dashboard"
 
@@ -33,5 +33,8 @@ urlpatterns = [
     path("nodes/<int:pk>/", nodes.node_detail, name="node-detail"),
     path("nodes/<int:pk>/drain/", nodes.node_drain, name="node-drain"),
     path("nodes/<int:pk>/forget/", nodes.node_forget, name="node-forget"),
+    path("queues/", queues.queue_list, name="queue-list"),
+    path("queues/<str:name>/pause/", queues.queue_pause, name="queue-pause"),
+    path("queues/<str:name>/resume/", queues.queue_resume, name="queue-resume"),
     path("audit/", audit.audit_list, name="audit-list"),
 ]

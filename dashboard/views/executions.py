@@ -37,7 +37,7 @@ from dashboard.views.common import (
     role_required,
     ui_actor,
 )
-from jobs import services
+from jobs import flow, services
 from jobs.models import JobExecution
 from jobs.roles import OPERATOR, VIEWER
 from jobs.services import ActionNotAllowed
@@ -211,6 +211,8 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
     latest_attempt = max(e.attempt for e in chain)
     node_map = selectors.node_pks()
     decorate_executions([execution, *chain], node_map)
+    # A pending run held back by its queue's pause says so (its row need not: it is not claimed).
+    execution.reason = flow.waiting_reason(execution) or execution.reason
     return render(
         request,
         "dashboard/executions/detail.html",

@@ -8,10 +8,12 @@ from typing import Any
 
 from rest_framework import serializers
 
-from jobs import notifications
+from jobs import flow, notifications
 from jobs.definition import WRITABLE_FIELDS, job_body_schema, json_schema
 from jobs.models import (
+    MAX_FLOW_LIMIT,
     MAX_PRIORITY,
+    MAX_RATE_PERIOD_S,
     AuditEvent,
     Job,
     JobExecution,
@@ -176,6 +178,11 @@ class ExecutionSerializer(serializers.ModelSerializer):
         slug_field="username", read_only=True, allow_null=True
     )
     lag_ms = serializers.SerializerMethodField()
+    waiting = serializers.SerializerMethodField(
+        help_text='What a pending run waits for, e.g. "waiting: queue reports limit 4 reached" '
+        '(a flow limit) or "waiting: queue reports paused"; empty when it waits for nothing '
+        "but its instant."
+    )
 
     class Meta:
         model = JobExecution
@@ -195,6 +202,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "claim_token",
             "cancel_requested",
             "reason",
+            "waiting",
             "triggered_by",
             "created_at",
             "updated_at",
@@ -217,6 +225,9 @@ class ExecutionSerializer(serializers.ModelSerializer):
         if execution.started_at is None:
             return None
         return round((execution.started_at - execution.run_after).total_seconds() * 1000, 3)
+
+    def get_waiting(self, execution: JobExecution) -> str:
+        return flow.waiting_reason(execution)
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -318,6 +329,45 @@ class NotificationRuleSerializer(serializers.ModelSerializer):
         if user is not None and has_role(user, ADMIN):
             return rule.target
         return notifications.redact_url(rule.target)
+
+
+class QueueSerializer(serializers.Serializer):
+    """A queue: its flow control, its jobs, what runs and what waits."""
+
+    name = serializers.CharField()
+    max_concurrent = serializers.IntegerField(
+        allow_null=True, help_text="At most this many runs of the queue at once (null: no bound)."
+    )
+    rate_limit = serializers.IntegerField(
+        allow_null=True, help_text="At most this many starts per rate_period_seconds (null: none)."
+    )
+    rate_period_seconds = serializers.IntegerField()
+    paused = serializers.BooleanField(help_text="A paused queue's runs are not started.")
+    jobs = serializers.IntegerField(help_text="Jobs in the queue.")
+    running = serializers.IntegerField()
+    pending = serializers.IntegerField()
+    held = serializers.IntegerField(help_text="Pending runs a flow limit holds back.")
+    configured = serializers.BooleanField(help_text="Whether anything is set on the queue.")
+
+
+def queue_body() -> dict[str, Any]:
+    limit = {"type": "integer", "minimum": 1, "maximum": MAX_FLOW_LIMIT, "nullable": True}
+    return {
+        "type": "object",
+        "properties": {
+            "max_concurrent": {
+                **limit,
+                "description": "At most this many runs of the queue at once; null: no bound.",
+            },
+            "rate_limit": {
+                **limit,
+                "description": "At most this many starts per rate_period_seconds; null: none.",
+            },
+            "rate_period_seconds": {"type": "integer", "minimum": 1, "maximum": MAX_RATE_PERIOD_S},
+            "paused": {"type": "boolean"},
+        },
+        "additionalProperties": False,
+    }
 
 
 def notification_rule_body() -> dict[str, Any]:

@@ -8,12 +8,12 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import notification_rules, registry, schedules, services
+from jobs import notification_rules, queues, registry, schedules, services
 from jobs.api.filters import AuditEventFilter, ExecutionFilter, JobFilter
 from jobs.api.serializers import (
     AuditEventSerializer,
@@ -22,6 +22,7 @@ from jobs.api.serializers import (
     JobBatchResultSerializer,
     JobSerializer,
     NotificationRuleSerializer,
+    QueueSerializer,
     SchedulePreviewSerializer,
     TaskSerializer,
     enqueue_body,
@@ -30,6 +31,7 @@ from jobs.api.serializers import (
     job_patch_body,
     job_replace_body,
     notification_rule_body,
+    queue_body,
     trigger_body,
 )
 from jobs.definition import RULES, SCHEDULE_FIELDS, field_schema
@@ -283,6 +285,58 @@ class NotificationRuleViewSet(viewsets.ModelViewSet):
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         notification_rules.rule_delete(rule_id=self.get_object().pk, by=actor_from(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class QueueViewSet(viewsets.ViewSet):
+    """Queues: every queue a job names or something is set on, with its flow control (max
+    concurrent runs, a rate limit, paused) and what runs and waits there. Read (viewer), set
+    (admin), paused and resumed (operator); each change audited."""
+
+    lookup_field = "name"
+    lookup_value_regex = r"[a-z0-9][a-z0-9_.\-]{0,63}"
+    role_by_action = {"pause": OPERATOR, "resume": OPERATOR}
+    serializer_class = QueueSerializer
+
+    @extend_schema(responses={200: QueueSerializer(many=True)})
+    def list(self, request: Request) -> Response:
+        return Response(
+            QueueSerializer([v.as_dict() for v in queues.queues_overview()], many=True).data
+        )
+
+    @extend_schema(responses={200: QueueSerializer})
+    def retrieve(self, request: Request, name: str | None = None) -> Response:
+        return Response(QueueSerializer(self._view(name)).data)
+
+    @extend_schema(request=queue_body, responses={200: QueueSerializer})
+    def update(self, request: Request, name: str | None = None) -> Response:
+        """Set the queue whole: what the body leaves out goes back to its default."""
+        queues.queue_set(name=str(name), data=_body(request), by=actor_from(request), partial=False)
+        return Response(QueueSerializer(self._view(name)).data)
+
+    @extend_schema(request=queue_body, responses={200: QueueSerializer})
+    def partial_update(self, request: Request, name: str | None = None) -> Response:
+        """Set what the body names; the rest is left as it is."""
+        queues.queue_set(name=str(name), data=_body(request), by=actor_from(request))
+        return Response(QueueSerializer(self._view(name)).data)
+
+    @extend_schema(request=None, responses={200: QueueSerializer})
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, name: str | None = None) -> Response:
+        queues.queue_pause(name=str(name), by=actor_from(request))
+        return Response(QueueSerializer(self._view(name)).data)
+
+    @extend_schema(request=None, responses={200: QueueSerializer})
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, name: str | None = None) -> Response:
+        queues.queue_resume(name=str(name), by=actor_from(request))
+        return Response(QueueSerializer(self._view(name)).data)
+
+    @staticmethod
+    def _view(name: str | None) -> dict[str, Any]:
+        try:
+            return queues.queue_view(str(name)).as_dict()
+        except LookupError as exc:
+            raise NotFound(str(exc)) from exc
 
 
 class TaskCatalogView(APIView):

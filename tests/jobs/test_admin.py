@@ -634,3 +634,26 @@ def test_the_admin_lists_api_keys_by_prefix_never_their_digest_and_revokes_audit
     event = AuditEvent.objects.get(action="token.revoke")
     assert (event.source, event.actor_name) == ("admin", "staff-admin")
     assert key not in str(event.changes)
+
+
+def test_admin_sets_a_queue_and_an_operator_pauses_it_audited(staff, objects):
+    client = staff("admin")
+    response = client.post(
+        "/admin/jobs/queue/add/",
+        {"name": "reports", "max_concurrent": "4", "rate_limit": "", "rate_period_seconds": "60"},
+    )
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    from jobs.models import Queue
+
+    queue = Queue.objects.get(name="reports")
+    assert (queue.max_concurrent, queue.rate_limit, queue.paused) == (4, None, False)
+    assert AuditEvent.objects.get(action="queue.update", object_id="reports").source == "admin"
+    operator = staff("operator")
+    assert operator.get("/admin/jobs/queue/").status_code == 200
+    response = operator.post(
+        "/admin/jobs/queue/",
+        {"action": "pause_queues", "_selected_action": ["reports"]},
+    )
+    assert response.status_code == 302
+    assert Queue.objects.get(name="reports").paused is True
+    assert AuditEvent.objects.filter(action="queue.pause", object_id="reports").exists()

@@ -10,12 +10,17 @@
     python manage.py jobs apply --from-code [--dry-run] [--prune]
     python manage.py jobs tasks [--json]
     python manage.py jobs purge-runs --older-than-days N [--batch N] [--max-rows N] [--dry-run]
+    python manage.py jobs queues [--json]
+    python manage.py jobs queue NAME [--max-concurrent N|none] [--rate-limit N|none]
+                                     [--rate-period SECONDS]
+    python manage.py jobs queue-pause NAME | queue-resume NAME
 
 Errors print a message and exit with status 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import json as json_module
 import sys
@@ -26,7 +31,15 @@ import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from jobs import declarations, notification_rules, registry, retention, selectors, services
+from jobs import (
+    declarations,
+    notification_rules,
+    queues,
+    registry,
+    retention,
+    selectors,
+    services,
+)
 from jobs.models import AuditSource, Job
 from jobs.services import ActionNotAllowed, Actor
 from jobs.validation import JobValidationError
@@ -91,6 +104,24 @@ class Command(BaseCommand):
         purge.add_argument("--batch", type=int, default=retention.PURGE_BATCH)
         purge.add_argument("--max-rows", type=int, default=retention.PURGE_MAX_ROWS)
         purge.add_argument("--dry-run", action="store_true", help="Count, delete nothing")
+        listing_queues = sub.add_parser(
+            "queues", help="List the queues: their flow control, what runs and what waits"
+        )
+        listing_queues.add_argument("--json", action="store_true", help="Machine-readable output")
+        queue = sub.add_parser(
+            "queue", help="Set a queue's flow control (what is not given is left as it is)"
+        )
+        queue.add_argument("name")
+        queue.add_argument(
+            "--max-concurrent", type=_limit, help="At most N runs of the queue at once, or none"
+        )
+        queue.add_argument(
+            "--rate-limit", type=_limit, help="At most N starts per rate period, or none"
+        )
+        queue.add_argument("--rate-period", type=int, help="The rate limit's period in seconds")
+        for name in ("queue-pause", "queue-resume"):
+            one = sub.add_parser(name, help=f"{name.split('-')[1].capitalize()} a whole queue")
+            one.add_argument("name")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -100,7 +131,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except JobValidationError as exc:
             lines = [f"  {field}: {' '.join(reasons)}" for field, reasons in exc.errors.items()]
-            what = "run(s)" if action == "enqueue" else "job definition(s)"
+            what = {"enqueue": "run(s)", "queue": "queue setting(s)"}.get(
+                action, "job definition(s)"
+            )
             raise CommandError(
                 f"invalid {what}, nothing written:\n" + "\n".join(lines),
                 returncode=EXIT_USAGE,
@@ -235,6 +268,64 @@ class Command(BaseCommand):
             target = services.job_resume(job_id=found.pk, by=CLI_ACTOR)
             self.stdout.write(f"resumed {target.name}; next fire {target.next_fire_at}")
 
+    def do_queues(self, *, json: bool = False, **_: Any) -> None:
+        views = queues.queues_overview()
+        if json:
+            self.stdout.write(_dumps_json([view.as_dict() for view in views]))
+            return
+        self.stdout.write(
+            f"{'QUEUE':24} {'STATE':7} {'LIMIT':>6} {'RATE':>12} {'JOBS':>6} {'RUNNING':>8} "
+            f"{'PENDING':>8} {'HELD':>6}"
+        )
+        for view in views:
+            rate = f"{view.rate_limit}/{view.rate_period_seconds}s" if view.rate_limit else "-"
+            self.stdout.write(
+                f"{view.name:24} {'paused' if view.paused else 'active':7} "
+                f"{view.max_concurrent or '-':>6} {rate:>12} {view.jobs:>6} {view.running:>8} "
+                f"{view.pending:>8} {view.held:>6}"
+            )
+
+    def do_queue(
+        self,
+        *,
+        name: str,
+        max_concurrent: Any = None,
+        rate_limit: Any = None,
+        rate_period: int | None = None,
+        **options: Any,
+    ) -> None:
+        data: dict[str, Any] = {}
+        for key, value in (("max_concurrent", max_concurrent), ("rate_limit", rate_limit)):
+            if value is not None:
+                data[key] = None if value == "none" else value
+        if rate_period is not None:
+            data["rate_period_seconds"] = rate_period
+        if not data:
+            raise CommandError(
+                "queue takes at least one of --max-concurrent, --rate-limit, --rate-period",
+                returncode=EXIT_USAGE,
+            )
+        view = self._queue_saved(queues.queue_set(name=name, data=data, by=CLI_ACTOR))
+        self.stdout.write(view)
+
+    def do_queue_pause(self, *, name: str, **_: Any) -> None:
+        queues.queue_pause(name=name, by=CLI_ACTOR)
+        self.stdout.write(f"paused queue {name}: its runs wait until it is resumed")
+
+    def do_queue_resume(self, *, name: str, **_: Any) -> None:
+        queues.queue_resume(name=name, by=CLI_ACTOR)
+        self.stdout.write(f"resumed queue {name}")
+
+    @staticmethod
+    def _queue_saved(queue: Any) -> str:
+        rate = (
+            f"{queue.rate_limit} per {queue.rate_period_seconds} s" if queue.rate_limit else "none"
+        )
+        return (
+            f"queue {queue.name}: max_concurrent {queue.max_concurrent or 'none'}, rate {rate}"
+            f"{', paused' if queue.paused else ''}"
+        )
+
     def do_export(self, *, names: list[str], format: str, output: str | None, **_: Any) -> None:
         definitions = selectors.job_definitions_export(names=names or None)
         missing = set(names) - {d["name"] for d in definitions}
@@ -243,7 +334,8 @@ class Command(BaseCommand):
                 f"no such job(s): {', '.join(sorted(missing))}", returncode=EXIT_USAGE
             )
         document: dict[str, Any] = {"jobs": definitions}
-        if not names:  # the whole installation: its notification rules too
+        if not names:  # the whole installation: its queues and notification rules too
+            document["queues"] = queues.queues_export()
             document["notification_rules"] = notification_rules.rules_export()
         if format == "json":
             text = _dumps_json(document)
@@ -270,13 +362,15 @@ class Command(BaseCommand):
                     "app's tasks.py or SCHEDULER_TASK_MODULES",
                     returncode=EXIT_USAGE,
                 )
-        rules = None
+        rules = queue_settings = None
         if not from_code:
             assert file is not None
             data = _read(file)
             definitions = _as_list(data, file, "jobs", what="job definitions")
             if isinstance(data, dict) and "notification_rules" in data:
                 rules = data["notification_rules"]
+            if isinstance(data, dict) and "queues" in data:
+                queue_settings = data["queues"]
         # The jobs, then the rules (which may name jobs the file creates), in one transaction:
         # a bad rule leaves the jobs as they were too. A dry run does it all, then rolls back.
         with transaction.atomic():
@@ -285,6 +379,11 @@ class Command(BaseCommand):
             )
             rule_results = (
                 notification_rules.rules_apply(rules, by=CLI_ACTOR) if rules is not None else []
+            )
+            queue_results = (
+                queues.queues_apply(queue_settings, by=CLI_ACTOR)
+                if queue_settings is not None
+                else []
             )
             if dry_run:
                 transaction.set_rollback(True)
@@ -310,6 +409,27 @@ class Command(BaseCommand):
             self.stdout.write(
                 prefix + "notification rules: " + ", ".join(f"{n} {a}" for a, n in made.items())
             )
+        if queue_settings is not None:
+            for result in queue_results:
+                if result.action != "unchanged":
+                    self.stdout.write(f"{prefix}{result.action:9} queue {result.name}")
+                    for field, (before, after) in result.changes.items():
+                        self.stdout.write(f"    {field}: {before!r} -> {after!r}")
+            made = {
+                a: sum(r.action == a for r in queue_results)
+                for a in ("created", "updated", "unchanged")
+            }
+            self.stdout.write(prefix + "queues: " + ", ".join(f"{n} {a}" for a, n in made.items()))
+
+
+def _limit(value: str) -> int | str:
+    """A flow limit on the command line: a whole number, or "none" (no limit)."""
+    if value.lower() == "none":
+        return "none"
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"a whole number or none, not {value!r}") from exc
 
 
 def _dumps_json(data: Any) -> str:
