@@ -60,7 +60,9 @@ class PollResult:
 
 def _execution_rows() -> QuerySet:
     # Never load output, traceback or result here: up to 64 KB each, and not part of the message.
-    fields = [f for f in LiveExecutionSerializer.Meta.fields if f not in {"job_name", "lag_ms", "waiting"}]
+    fields = [
+        f for f in LiveExecutionSerializer.Meta.fields if f not in {"job_name", "lag_ms", "waiting"}
+    ]
     return JobExecution.objects.select_related("job", "triggered_by").only(
         *fields, "job__name", "triggered_by__username"
     )
