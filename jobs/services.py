@@ -285,10 +285,10 @@ def jobs_create_batch(
         for name in taken.values_list("name", flat=True):
             errors[f"{first_index[name.lower()]}.name"] = [ERR_NAME_TAKEN]
     if check_chains and not errors:
-        chained = {v["name"]: v for _, v in cleaned if any(v[f] for f in CHAIN_FIELDS)}
-        if chained:
+        # A chain may name a job of the same batch: the whole batch is checked together.
+        if any(values[field] for _, values in cleaned for field in CHAIN_FIELDS):
             at = {values["name"]: index for index, values in cleaned}
-            for problem in _chain_problems(chained):
+            for problem in _chain_problems({values["name"]: values for _, values in cleaned}):
                 errors.setdefault(f"{at[problem.job]}.{problem.field}", []).append(problem.message)
     if errors:
         raise JobValidationError(dict(sorted(errors.items(), key=lambda e: _index_key(e[0]))))
