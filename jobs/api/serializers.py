@@ -176,6 +176,11 @@ class ExecutionSerializer(serializers.ModelSerializer):
         slug_field="username", read_only=True, allow_null=True
     )
     lag_ms = serializers.SerializerMethodField()
+    parent = serializers.PrimaryKeyRelatedField(
+        read_only=True,
+        allow_null=True,
+        help_text="The run whose final outcome made this one (a chained run); else null.",
+    )
 
     class Meta:
         model = JobExecution
@@ -196,6 +201,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "cancel_requested",
             "reason",
             "triggered_by",
+            "parent",
             "created_at",
             "updated_at",
             "claimed_at",
@@ -217,6 +223,22 @@ class ExecutionSerializer(serializers.ModelSerializer):
         if execution.started_at is None:
             return None
         return round((execution.started_at - execution.run_after).total_seconds() * 1000, 3)
+
+
+class ExecutionDetailSerializer(ExecutionSerializer):
+    """One run, with the runs its outcome made through its job's chains (read for one run only:
+    a list of runs would read them once per row)."""
+
+    chained_runs = serializers.PrimaryKeyRelatedField(
+        many=True,
+        read_only=True,
+        help_text="The runs this run's final outcome made through its job's on_success, "
+        "on_failure and on_end.",
+    )
+
+    class Meta(ExecutionSerializer.Meta):
+        fields = [*ExecutionSerializer.Meta.fields, "chained_runs"]
+        read_only_fields = fields
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

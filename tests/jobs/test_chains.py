@@ -367,3 +367,17 @@ def test_outcomes_of_one_batch_chaining_to_one_job_get_a_slot_each():
     runs = JobExecution.objects.filter(trigger=Trigger.CHAIN)
     assert sorted(runs.values_list("parent_id", flat=True)) == sorted([first.pk, second.pk])
     assert len(set(runs.values_list("scheduled_for", flat=True))) == 2
+
+
+@pytest.mark.django_db
+def test_the_run_detail_links_parent_and_chained_runs(admin_api):
+    make("b")
+    parent = running(make("a", on_success=["b"]))
+    executions.finish(parent, status=S.SUCCEEDED, now=timezone.now())
+    (child,) = chained(parent)
+    detail = admin_api.get(f"/api/executions/{parent.pk}/").data
+    assert (detail["parent"], detail["chained_runs"]) == (None, [child.pk])
+    detail = admin_api.get(f"/api/executions/{child.pk}/").data
+    assert (detail["parent"], detail["chained_runs"], detail["trigger"]) == (parent.pk, [], "chain")
+    listed = admin_api.get("/api/executions/", {"job": child.job_id}).data["results"]
+    assert listed[0]["parent"] == parent.pk
