@@ -188,9 +188,10 @@ def _chain_problems(
     return chains.check_definitions(proposed, stored=stored, known=known)
 
 
-def _check_chains(values: dict[str, Any], *, old_name: str | None = None) -> None:
+def job_check_chains(*, values: dict[str, Any], old_name: str | None = None) -> None:
     """One job's chains (``jobs.chains``), and, when it is renamed, that no other job chains to
-    it by its old name. Raises JobValidationError keyed by field."""
+    it by its old name. Raises JobValidationError keyed by field. (The writes below run it; a
+    form that shows errors by field, the admin's, runs it first.)"""
     errors: dict[str, list[str]] = {}
     renamed = old_name is not None and old_name != values["name"]
     if renamed:
@@ -210,7 +211,7 @@ def job_create(*, data: dict[str, Any], by: Actor, now: datetime | None = None) 
     now = now or timezone.now()
     values = clean_job(data, now=now)
     _check_name_free(values["name"])
-    _check_chains(values)
+    job_check_chains(values=values)
     try:
         with transaction.atomic():
             job = Job(
@@ -377,7 +378,7 @@ def job_update(
     if "name" in diff:
         _check_name_free(values["name"], exclude_pk=job_id)
     if check_chains and any(field in diff for field in (*CHAIN_FIELDS, "name")):
-        _check_chains(values, old_name=before["name"])
+        job_check_chains(values=values, old_name=before["name"])
     update: dict[str, Any] = {
         **values,
         "version": expected_version + 1,

@@ -12,6 +12,7 @@ import yaml
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from jobs import chains, executions, services
@@ -381,3 +382,19 @@ def test_the_run_detail_links_parent_and_chained_runs(admin_api):
     assert (detail["parent"], detail["chained_runs"], detail["trigger"]) == (parent.pk, [], "chain")
     listed = admin_api.get("/api/executions/", {"job": child.job_id}).data["results"]
     assert listed[0]["parent"] == parent.pk
+
+
+@pytest.mark.django_db
+def test_the_dashboard_shows_the_chain_both_ways(client, make_user):
+    client.force_login(make_user("viewer", "viewer-chains"))
+    b = make("b")
+    a = make("a", on_success=["b"])
+    parent = running(a)
+    executions.finish(parent, status=S.SUCCEEDED, now=timezone.now())
+    (child,) = chained(parent)
+    page = client.get(reverse("dashboard:execution-detail", args=[parent.pk])).content.decode()
+    assert "Triggered runs" in page and f"run #{child.pk}</a> of b" in page
+    page = client.get(reverse("dashboard:execution-detail", args=[child.pk])).content.decode()
+    assert f"run #{parent.pk}</a> of a" in page
+    page = client.get(reverse("dashboard:job-detail", args=[a.pk])).content.decode()
+    assert reverse("dashboard:job-detail", args=[b.pk]) in page
