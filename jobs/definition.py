@@ -435,7 +435,8 @@ DATETIME_NOTE = (
     "Date-times carry a zone and lie between 1000-01-02 and 9999-12-30 (UTC). Rules no schema "
     "can state are checked on the server (400, keyed by field): the cron expression parses, the "
     "task accepts its arguments, spread_seconds is below interval_seconds, an enabled one-off is "
-    "not in the past, and a credential in the arguments is a secret reference."
+    "not in the past, a credential in the arguments is a secret reference, and the names in "
+    "on_success, on_failure and on_end are jobs whose chains lead back to none they started from."
 )
 
 
