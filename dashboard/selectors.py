@@ -203,6 +203,24 @@ def execution_chain(execution: JobExecution) -> list[JobExecution]:
     )
 
 
+def execution_chained_runs(execution: JobExecution) -> list[JobExecution]:
+    """The runs this run's final outcome made through its job's chains, oldest first."""
+    return list(execution.chained_runs.select_related("job").order_by("id"))
+
+
+def job_chain_targets(job: Job) -> list[tuple[str, list[tuple[str, int | None]]]]:
+    """A job's chains for its page: (outcome label, [(job name, its id or None)]) for each list
+    that names a job. One query for the ids."""
+    lists = [
+        ("On success", job.on_success),
+        ("On failure", job.on_failure),
+        ("On end", job.on_end),
+    ]
+    names = {name for _, names in lists for name in names}
+    ids = dict(Job.objects.filter(name__in=names).values_list("name", "pk")) if names else {}
+    return [(label, [(name, ids.get(name)) for name in names]) for label, names in lists if names]
+
+
 def nodes() -> list[SchedulerNode]:
     return list(SchedulerNode.objects.order_by("node_id"))
 

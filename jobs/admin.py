@@ -110,6 +110,9 @@ class JobAdminForm(forms.ModelForm):
 
         try:
             self.cleaned_values = clean_job(submitted, now=timezone.now(), current=current)
+            services.job_check_chains(
+                values=self.cleaned_values, old_name=current["name"] if current else None
+            )
         except JobValidationError as exc:
             for field, reasons in exc.errors.items():
                 for reason in reasons:
@@ -256,7 +259,13 @@ class JobExecutionAdmin(RoleAdminMixin, admin.ModelAdmin):
     actions = ["cancel_executions", "retry_executions"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in JobExecution._meta.fields]
+        return [*(f.name for f in JobExecution._meta.fields), "chained_runs_list"]
+
+    @admin.display(description="Chained runs")
+    def chained_runs_list(self, obj: JobExecution) -> str:
+        """The runs this run's final outcome made through its job's chains."""
+        runs = obj.chained_runs.select_related("job").order_by("id")
+        return ", ".join(str(run) for run in runs) or "—"
 
     def _each(self, request: HttpRequest, queryset: QuerySet, service: Any, verb: str) -> None:
         done, refused = 0, []

@@ -52,6 +52,16 @@ ERR_NAME_FORMAT = (
 )
 ERR_QUEUE_FORMAT = "Lower-case letters, digits, _ . - only, at most 64 characters."
 
+# Jobs one outcome of a job may chain to (jobs.chains): a chain fans out, it does not broadcast.
+MAX_CHAIN_TARGETS = 20
+CHAIN_TARGET_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_NAME_CHARS,
+    "pattern": NAME_PATTERN,
+}
+CHAIN_FIELDS = ("on_success", "on_failure", "on_end")
+
 # The kinds of value a field holds (JSON-like, as a client sends them).
 TEXT = "text"
 INTEGER = "integer"
@@ -98,6 +108,9 @@ class FieldRule:
     nullable: bool = False
     # The schedule type this field belongs to (None: every job has it).
     schedule: str | None = None
+    # A list's items and its length, for its JSON Schema (None: any items, any length).
+    items: dict[str, Any] | None = None
+    max_items: int | None = None
 
     @property
     def required(self) -> bool:
@@ -359,6 +372,24 @@ FIELDS: tuple[FieldRule, ...] = (
         low=0,
         high=MAX_SPREAD_S,
     ),
+    *(
+        FieldRule(
+            f"on_{outcome}",
+            LIST,
+            f"Jobs to run, by name, when a run of this job {when} (its last attempt: a run "
+            "that will be retried has not ended yet). A job's own name, or a chain that leads "
+            "back to it, is refused.",
+            label=f"On {outcome}",
+            default=[],
+            items=CHAIN_TARGET_SCHEMA,
+            max_items=MAX_CHAIN_TARGETS,
+        )
+        for outcome, when in (
+            ("success", "succeeds"),
+            ("failure", "fails, times out or is lost"),
+            ("end", "succeeds, fails, times out or is lost"),
+        )
+    ),
 )
 
 RULES: dict[str, FieldRule] = {rule.name: rule for rule in FIELDS}
@@ -405,7 +436,9 @@ def field_schema(rule: FieldRule) -> dict[str, Any]:
     elif rule.kind == DATETIME:
         schema = {"type": "string", "format": "date-time"}
     elif rule.kind == LIST:
-        schema = {"type": "array", "items": {}}
+        schema = {"type": "array", "items": dict(rule.items or {})}
+        if rule.max_items is not None:
+            schema["maxItems"] = rule.max_items
     elif rule.kind == OBJECT:
         schema = {"type": "object", "additionalProperties": True}
     else:  # pragma: no cover - the table holds only the kinds above
@@ -432,7 +465,8 @@ DATETIME_NOTE = (
     "Date-times carry a zone and lie between 1000-01-02 and 9999-12-30 (UTC). Rules no schema "
     "can state are checked on the server (400, keyed by field): the cron expression parses, the "
     "task accepts its arguments, spread_seconds is below interval_seconds, an enabled one-off is "
-    "not in the past, and a credential in the arguments is a secret reference."
+    "not in the past, a credential in the arguments is a secret reference, and the names in "
+    "on_success, on_failure and on_end are jobs whose chains lead back to none they started from."
 )
 
 

@@ -20,6 +20,7 @@ from django.utils.dateparse import parse_datetime
 from jobs import registry
 from jobs.definition import (
     BOOLEAN,
+    CHAIN_FIELDS,
     CHOICE,
     DATETIME,
     FIELDS,
@@ -250,6 +251,10 @@ class JobForm(forms.Form):
             "retry_jitter",
         )
         return [self[name] for name in names]
+
+    @property
+    def chain_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in CHAIN_FIELDS]
 
     @property
     def execution_fields(self) -> list[forms.BoundField]:

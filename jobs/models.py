@@ -79,6 +79,8 @@ class Trigger(models.TextChoices):
     API = "api", "API"
     # One of many runs submitted together through the enqueue API, each with arguments of its own.
     ENQUEUE = "enqueue", "Enqueued"
+    # Made by another run's final outcome: a job's on_success, on_failure or on_end (jobs.chains).
+    CHAIN = "chain", "Chain"
 
 
 class SchedulerSetting(models.Model):
@@ -148,6 +150,11 @@ class Job(models.Model):
     # Which scheduling partition fires this job (cluster.partitions: a stable function of its
     # name, below the cluster's partition count); 0 with one partition.
     partition = models.PositiveSmallIntegerField(default=0)
+    # Jobs run when one of this job's runs ends for good (jobs.chains): by name, as definitions
+    # are exported and applied; the names are checked to exist and to make no cycle when written.
+    on_success = models.JSONField(default=list, blank=True)
+    on_failure = models.JSONField(default=list, blank=True)
+    on_end = models.JSONField(default=list, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -306,6 +313,11 @@ class JobExecution(models.Model):
     # The caller's key for an enqueued run (unique per job): enqueueing the same key again returns
     # the run it made, not a second one. NULL for every other row (retries do not carry it).
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # The run whose final outcome made this one (a chained run, jobs.chains); NULL for every other
+    # row, the chained run's retries included (they are linked to it by their fire slot).
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="chained_runs"
+    )
 
     objects = ExecutionQuerySet.as_manager()
 
@@ -321,6 +333,9 @@ class JobExecution(models.Model):
             models.UniqueConstraint(
                 fields=["job", "idempotency_key"], name="execution_unique_idempotency_key"
             ),
+            # A run's outcome makes at most one run of each job it chains to, however often that
+            # outcome is written (a finisher's batch tried again, a reaper and a late finisher).
+            models.UniqueConstraint(fields=["job", "parent"], name="execution_unique_chain"),
         ]
         indexes = [
             # The claim's own range (unclaimed pending rows of a queue) in its own order (priority

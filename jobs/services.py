@@ -8,6 +8,7 @@ same checks, the same audit record and the same announcements.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,7 +17,18 @@ from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from jobs import bulk, events, executions, firing, partitioning, registry, retention, schedules
+from jobs import (
+    bulk,
+    chains,
+    events,
+    executions,
+    firing,
+    partitioning,
+    registry,
+    retention,
+    schedules,
+)
+from jobs.definition import CHAIN_FIELDS
 from jobs.models import AuditEvent, AuditSource, Job, JobExecution, ScheduleType, Trigger
 from jobs.retry import retry_on_conflict
 from jobs.states import RETRYABLE_STATES, ExecutionStatus
@@ -165,11 +177,41 @@ def _check_name_free(name: str, *, exclude_pk: int | None = None) -> None:
         raise JobValidationError({"name": [ERR_NAME_TAKEN]})
 
 
+def _chain_problems(
+    proposed: dict[str, dict[str, Any]], *, replacing: Collection[str] = ()
+) -> list[chains.Problem]:
+    """What is wrong with the chains of ``proposed`` (name -> cleaned values) over the stored
+    jobs, ``replacing`` (stored names about to go: a rename's old name) left out."""
+    stored = {n: v for n, v in chains.stored_chains().items() if n not in replacing}
+    wanted = {target for values in proposed.values() for _, target in chains.edges(values)}
+    known = (chains.existing_names(wanted) - set(replacing)) | set(proposed)
+    return chains.check_definitions(proposed, stored=stored, known=known)
+
+
+def job_check_chains(*, values: dict[str, Any], old_name: str | None = None) -> None:
+    """One job's chains (``jobs.chains``), and, when it is renamed, that no other job chains to
+    it by its old name. Raises JobValidationError keyed by field. (The writes below run it; a
+    form that shows errors by field, the admin's, runs it first.)"""
+    errors: dict[str, list[str]] = {}
+    renamed = old_name is not None and old_name != values["name"]
+    if renamed:
+        named_by = chains.referrers(old_name, chains.stored_chains())
+        if named_by:
+            errors["name"] = [chains.ERR_RENAME_REFERENCED.format(referrers=", ".join(named_by))]
+    if any(values.get(field) for field in CHAIN_FIELDS):
+        replacing = [old_name] if renamed and old_name else []
+        for problem in _chain_problems({values["name"]: values}, replacing=replacing):
+            errors.setdefault(problem.field, []).append(problem.message)
+    if errors:
+        raise JobValidationError(errors)
+
+
 @retry_on_conflict
 def job_create(*, data: dict[str, Any], by: Actor, now: datetime | None = None) -> Job:
     now = now or timezone.now()
     values = clean_job(data, now=now)
     _check_name_free(values["name"])
+    job_check_chains(values=values)
     try:
         with transaction.atomic():
             job = Job(
@@ -205,11 +247,15 @@ ERR_BATCH_DUPLICATE_NAME = "The name appears more than once in the batch (ignori
 
 
 @retry_on_conflict
-def jobs_create_batch(*, items: list[Any], by: Actor, now: datetime | None = None) -> list[Job]:
+def jobs_create_batch(
+    *, items: list[Any], by: Actor, now: datetime | None = None, check_chains: bool = True
+) -> list[Job]:
     """Create many jobs at once, all or none: every item is validated first (errors keyed
     ``"<index>.<field>"``), names are checked in one query, then the jobs and their audit rows are
     inserted in bulk in one transaction, and the scheduler is woken once. Raises
-    JobValidationError (nothing written) if any item is bad."""
+    JobValidationError (nothing written) if any item is bad. A chain may name a job of the same
+    batch. ``check_chains=False``: the caller checked the chains of a larger whole (``jobs
+    apply``'s file), whose jobs are not all written yet."""
     now = now or timezone.now()
     if not items:
         raise JobValidationError({"jobs": [ERR_BATCH_EMPTY]})
@@ -239,6 +285,12 @@ def jobs_create_batch(*, items: list[Any], by: Actor, now: datetime | None = Non
         taken = Job.objects.annotate(lowered=Lower("name")).filter(lowered__in=list(first_index))
         for name in taken.values_list("name", flat=True):
             errors[f"{first_index[name.lower()]}.name"] = [ERR_NAME_TAKEN]
+    if check_chains and not errors:
+        # A chain may name a job of the same batch: the whole batch is checked together.
+        if any(values[field] for _, values in cleaned for field in CHAIN_FIELDS):
+            at = {values["name"]: index for index, values in cleaned}
+            for problem in _chain_problems({values["name"]: values for _, values in cleaned}):
+                errors.setdefault(f"{at[problem.job]}.{problem.field}", []).append(problem.message)
     if errors:
         raise JobValidationError(dict(sorted(errors.items(), key=lambda e: _index_key(e[0]))))
     jobs = [
@@ -300,11 +352,14 @@ def job_update(
     by: Actor,
     replace: bool = False,
     now: datetime | None = None,
+    check_chains: bool = True,
 ) -> Job:
     """Apply ``changes`` if the job is still at ``expected_version``; else raise VersionConflict.
 
     ``replace=True`` (HTTP PUT) treats ``changes`` as the whole definition: fields left out return
     to their defaults. Otherwise (PATCH, admin, CLI) they keep their current values.
+    ``check_chains=False``: the caller checked the chains of the whole set being written (``jobs
+    apply``), whose intermediate states may not be acyclic on their own.
     """
     now = now or timezone.now()
     if expected_version is None:
@@ -322,6 +377,8 @@ def job_update(
         return job
     if "name" in diff:
         _check_name_free(values["name"], exclude_pk=job_id)
+    if check_chains and any(field in diff for field in (*CHAIN_FIELDS, "name")):
+        job_check_chains(values=values, old_name=before["name"])
     update: dict[str, Any] = {
         **values,
         "version": expected_version + 1,
@@ -412,11 +469,26 @@ def job_resume(*, job_id: int, by: Actor, now: datetime | None = None) -> Job:
 
 
 @retry_on_conflict
-def job_delete(*, job_id: int, by: Actor, expected_version: int | None = None) -> None:
+def job_delete(
+    *,
+    job_id: int,
+    by: Actor,
+    expected_version: int | None = None,
+    check_chains: bool = True,
+) -> None:
+    """Delete a job and its runs. Refused (ActionNotAllowed) while another job chains to it:
+    its name would dangle there. ``check_chains=False``: the caller checked (``jobs apply
+    --prune`` deletes a job and those that chain to it together)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if expected_version is not None and job.version != expected_version:
             raise VersionConflict(expected=expected_version, current=job.version)
+        if check_chains:
+            named_by = chains.referrers(job.name, chains.stored_chains())
+            if named_by:
+                raise ActionNotAllowed(
+                    chains.ERR_DELETE_REFERENCED.format(referrers=", ".join(named_by))
+                )
         snapshot = job_snapshot(job)
         job.delete()
         audit_record(
@@ -678,6 +750,26 @@ def execution_retry(*, execution_id: int, by: Actor, now: datetime | None = None
     return retry
 
 
+def _file_chain_errors(
+    cleaned: dict[str, dict[str, Any]], *, pruned: Collection[str]
+) -> dict[str, list[str]]:
+    """The chains of a whole definitions file, as they will stand once it is applied (its jobs
+    over the stored ones, ``pruned`` gone): every target a job, no cycle, and no job left
+    chaining to a pruned one. Keyed "<name>.<field>" (a pruned job: "<name>")."""
+    stored = {n: v for n, v in chains.stored_chains().items() if n not in pruned}
+    wanted = {target for values in cleaned.values() for _, target in chains.edges(values)}
+    known = (chains.existing_names(wanted) - set(pruned)) | set(cleaned)
+    errors: dict[str, list[str]] = {}
+    for problem in chains.check_definitions(cleaned, stored=stored, known=known):
+        errors.setdefault(f"{problem.job}.{problem.field}", []).append(problem.message)
+    final = {**stored, **cleaned}
+    for name in sorted(pruned):
+        named_by = chains.referrers(name, final, ignoring=pruned)
+        if named_by:
+            errors[name] = [chains.ERR_DELETE_REFERENCED.format(referrers=", ".join(named_by))]
+    return errors
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     name: str
@@ -707,6 +799,7 @@ def job_apply_definitions(
     now = now or timezone.now()
     errors: dict[str, list[str]] = {}
     plan: list[tuple[str, dict[str, Any], Job | None, dict[str, list[Any]]]] = []
+    cleaned: dict[str, dict[str, Any]] = {}
     seen: set[str] = set()
     existing = {job.name: job for job in Job.objects.all()}
     for index, definition in enumerate(definitions):
@@ -729,16 +822,33 @@ def job_apply_definitions(
         base = current or {field: None for field in WRITABLE_FIELDS}
         diff = {f: [base[f], values[f]] for f in WRITABLE_FIELDS if base[f] != values[f]}
         plan.append((name, definition, current_job, diff))
+        cleaned[name] = values
+    pruned = {name for name in existing if name not in seen} if prune else set()
+    if not errors:
+        errors.update(_file_chain_errors(cleaned, pruned=pruned))
     if errors:
         raise JobValidationError(errors)
 
+    # The file's chains were checked as a whole, above: its jobs are written without checking
+    # each against a half-written state (B -> A added before A -> B is dropped is no cycle).
     results: list[ApplyResult] = []
-    creates: list[dict[str, Any]] = []
+    creates = [definition for _, definition, current_job, _ in plan if current_job is None]
     with transaction.atomic():
+        if creates and not dry_run:
+            # New jobs go first (an updated job may chain to one), in bulk (a few statements
+            # per thousand jobs, not a few per job).
+            for start in range(0, len(creates), MAX_BATCH_JOBS):
+                chunk = creates[start : start + MAX_BATCH_JOBS]
+                try:
+                    jobs_create_batch(items=chunk, by=by, now=now, check_chains=False)
+                except JobValidationError as exc:
+                    # Keyed by name, as the file's other errors ("<name>.<field>").
+                    raise JobValidationError(
+                        {_by_name(key, chunk): reasons for key, reasons in exc.errors.items()}
+                    ) from exc
         for name, definition, current_job, diff in plan:
             if current_job is None:
                 action = "created"
-                creates.append(definition)
             elif diff:
                 action = "updated"
                 if not dry_run:
@@ -748,6 +858,7 @@ def job_apply_definitions(
                         changes={k: v for k, v in definition.items() if k in diff or k == "name"},
                         by=by,
                         now=now,
+                        check_chains=False,
                     )
             else:
                 action = "unchanged"
@@ -756,21 +867,8 @@ def job_apply_definitions(
                     name, action, {k: [_jsonable(a), _jsonable(b)] for k, (a, b) in diff.items()}
                 )
             )
-        if creates and not dry_run:
-            # New jobs go in bulk (a few statements per thousand jobs, not a few per job).
-            for start in range(0, len(creates), MAX_BATCH_JOBS):
-                chunk = creates[start : start + MAX_BATCH_JOBS]
-                try:
-                    jobs_create_batch(items=chunk, by=by, now=now)
-                except JobValidationError as exc:
-                    # Keyed by name, as the file's other errors ("<name>.<field>").
-                    raise JobValidationError(
-                        {_by_name(key, chunk): reasons for key, reasons in exc.errors.items()}
-                    ) from exc
-        if prune:
-            for name, job in existing.items():
-                if name not in seen:
-                    if not dry_run:
-                        job_delete(job_id=job.pk, by=by)
-                    results.append(ApplyResult(name, "deleted", {}))
+        for name in sorted(pruned):
+            if not dry_run:
+                job_delete(job_id=existing[name].pk, by=by, check_chains=False)
+            results.append(ApplyResult(name, "deleted", {}))
     return results

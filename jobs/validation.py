@@ -15,10 +15,11 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from jobs import registry, schedules, secrets
+from jobs import chains, registry, schedules, secrets
 from jobs.conf import app_setting
 from jobs.definition import (  # noqa: F401 - re-exported: the names every caller knows
     BOOLEAN,
+    CHAIN_FIELDS,
     CHOICE,
     DATETIME,
     ERR_NAME_FORMAT,
@@ -27,8 +28,10 @@ from jobs.definition import (  # noqa: F401 - re-exported: the names every calle
     INTEGER,
     JOB_DEFAULTS,
     MAX_BACKOFF_FACTOR,
+    MAX_CHAIN_TARGETS,
     MAX_DESCRIPTION_CHARS,
     MAX_NAME_CHARS,
+    NAME_PATTERN,
     NUMBER,
     REQUIRED_BY_SCHEDULE,
     RULES,
@@ -440,6 +443,8 @@ def clean_job(
     out["args"], out["kwargs"] = args, kwargs
     if "tags" not in errors.by_field:
         out["tags"] = clean_tags(errors, out.get("tags"))
+    for field in CHAIN_FIELDS:
+        out[field] = clean_chain(errors, field, out.get(field), own_name=out.get("name"))
     interval = out.get("interval_seconds")
     spread = out.get("spread_seconds")
     if interval and spread and spread >= interval and "spread_seconds" not in errors:
@@ -478,6 +483,31 @@ def clean_tags(errors: _Errors, value: Any) -> list[str]:
         elif item not in tags:
             tags.append(item)
     return tags
+
+
+def clean_chain(errors: _Errors, field: str, value: Any, *, own_name: str | None) -> list[str]:
+    """One of a job's chains (``jobs.chains``): a list of job names, each once, never the job's
+    own. Whether each is a job and whether the chains make a cycle needs the other jobs: the
+    services check that (``jobs.chains.check_definitions``)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        errors.add(field, chains.ERR_NOT_NAMES)
+        return []
+    if len(value) > MAX_CHAIN_TARGETS:
+        errors.add(field, chains.ERR_TOO_MANY.format(limit=MAX_CHAIN_TARGETS))
+        return []
+    names: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not re.fullmatch(NAME_PATTERN, item):
+            errors.add(field, f"{item!r}: {ERR_NAME_FORMAT}")
+        elif item in names:
+            errors.add(field, chains.ERR_DUPLICATE.format(name=item))
+        elif item == own_name:
+            errors.add(field, chains.ERR_SELF)
+        else:
+            names.append(item)
+    return names
 
 
 def schedule_preview_args(params: Any, *, default_count: int) -> tuple[dict[str, Any], int]:

@@ -206,8 +206,11 @@ def execution_output(request: HttpRequest, pk: int) -> HttpResponse:
 
 @role_required(VIEWER)
 def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    execution = get_object_or_404(JobExecution.objects.select_related("job", "triggered_by"), pk=pk)
+    execution = get_object_or_404(
+        JobExecution.objects.select_related("job", "triggered_by", "parent__job"), pk=pk
+    )
     chain = selectors.execution_chain(execution)
+    chained_runs = selectors.execution_chained_runs(execution)
     latest_attempt = max(e.attempt for e in chain)
     node_map = selectors.node_pks()
     decorate_executions([execution, *chain], node_map)
@@ -220,6 +223,7 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
             request,
             execution=execution,
             chain=chain,
+            chained_runs=chained_runs,
             node_map=node_map,
             result_json=json.dumps(execution.result, indent=2)
             if execution.result is not None

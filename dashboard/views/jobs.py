@@ -135,6 +135,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
             args_json=json.dumps(job.args, indent=2),
             kwargs_json=json.dumps(job.kwargs, indent=2),
             running=dashboard_selectors.job_running_count(job),
+            chain_targets=dashboard_selectors.job_chain_targets(job),
             nav="jobs",
         ),
     )

@@ -183,6 +183,11 @@ class ExecutionSerializer(serializers.ModelSerializer):
         '(a flow limit) or "waiting: queue reports paused"; empty when it waits for nothing '
         "but its instant."
     )
+    parent = serializers.PrimaryKeyRelatedField(
+        read_only=True,
+        allow_null=True,
+        help_text="The run whose final outcome made this one (a chained run); else null.",
+    )
 
     class Meta:
         model = JobExecution
@@ -204,6 +209,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "reason",
             "waiting",
             "triggered_by",
+            "parent",
             "created_at",
             "updated_at",
             "claimed_at",
@@ -228,6 +234,22 @@ class ExecutionSerializer(serializers.ModelSerializer):
 
     def get_waiting(self, execution: JobExecution) -> str:
         return flow.waiting_reason(execution)
+
+
+class ExecutionDetailSerializer(ExecutionSerializer):
+    """One run, with the runs its outcome made through its job's chains (read for one run only:
+    a list of runs would read them once per row)."""
+
+    chained_runs = serializers.PrimaryKeyRelatedField(
+        many=True,
+        read_only=True,
+        help_text="The runs this run's final outcome made through its job's on_success, "
+        "on_failure and on_end.",
+    )
+
+    class Meta(ExecutionSerializer.Meta):
+        fields = [*ExecutionSerializer.Meta.fields, "chained_runs"]
+        read_only_fields = fields
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

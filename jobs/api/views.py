@@ -18,6 +18,7 @@ from jobs.api.filters import AuditEventFilter, ExecutionFilter, JobFilter
 from jobs.api.serializers import (
     AuditEventSerializer,
     EnqueueResultSerializer,
+    ExecutionDetailSerializer,
     ExecutionSerializer,
     JobBatchResultSerializer,
     JobSerializer,
@@ -228,6 +229,13 @@ class ExecutionViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = ExecutionFilter
     ordering_fields = ["scheduled_for", "created_at", "started_at", "finished_at", "duration_ms"]
     role_by_action = {"cancel": OPERATOR, "retry": OPERATOR}
+
+    def get_serializer_class(self) -> type[ExecutionSerializer]:
+        return ExecutionDetailSerializer if self.action == "retrieve" else ExecutionSerializer
+
+    @extend_schema(responses={200: ExecutionDetailSerializer})
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().retrieve(request, *args, **kwargs)
 
     @extend_schema(request=None, responses={200: ExecutionSerializer})
     @action(detail=True, methods=["post"])

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils.timezone import now as timezone_now
 
-from jobs import bulk, events
+from jobs import bulk, chains, events
 from jobs.models import MAX_OUTPUT_CHARS, Job, JobExecution, ScheduleType, Trigger
 from jobs.schedules import spread_offset
 from jobs.states import RETRYABLE_STATES, TERMINAL_STATES, ExecutionStatus, check_transition
@@ -223,26 +223,18 @@ def _free_slots(
     return slots
 
 
-def create_enqueued(
-    job: Job, runs: list[dict[str, Any]], *, now: datetime, triggered_by: Any = None
-) -> list[JobExecution]:
-    """Many runs of ``job`` at once (the enqueue API), each with its own arguments, due instant
-    priority and idempotency key (``jobs.validation.clean_enqueued_run``), in one INSERT. Call inside a
-    transaction.
+def _unscheduled_slots(job: Job, wanted: list[datetime]) -> list[datetime]:
+    """A free first-attempt slot of ``job`` per wanted instant (in order, a microsecond apart
+    where they meet), for a run outside the schedule that may share its instant with others.
 
-    A run's fire slot (``scheduled_for``) is unique per job and attempt, like every execution's:
-    runs due at the same instant are set a microsecond apart, in the order they were sent, and
-    clear of the job's existing runs. Raises IntegrityError if a concurrent writer took a slot
-    meanwhile (the caller tries again). Announced once, not once per run."""
+    Clear of the job's own schedule: a fire whose slot already has a row is not inserted
+    (create_fires), so a run on a slot the schedule fires at would cancel that fire. Every fire
+    of a job shares one microsecond phase (cron: whole seconds; an interval: its start's; a
+    one-off: its run_at's), and these runs never take it, nor a whole second."""
     step = timedelta(microseconds=1)
-    # Clear of the job's own schedule: a fire whose slot already has a row is not inserted
-    # (create_fires), so an enqueued run on a slot the schedule fires at would cancel that fire.
-    # Every fire of a job shares one microsecond phase (cron: whole seconds; an interval: its
-    # start's; a one-off: its run_at's), and enqueued runs never take it, nor a whole second.
     avoid = {0, _schedule_phase_us(job)}
-    wanted = [max(run["run_at"] or now, now) for run in runs]
     low = min(wanted)
-    high = max(wanted) + step * (len(runs) + ENQUEUE_SLOT_MARGIN)
+    high = max(wanted) + step * (len(wanted) + ENQUEUE_SLOT_MARGIN)
     taken: set[datetime] = set()
     read_to = low - step
     while True:
@@ -255,8 +247,23 @@ def create_enqueued(
         read_to = high
         slots = _free_slots(wanted, taken, avoid, step)
         if max(slots) <= read_to:
-            break
+            return slots
         high = max(slots) + step * ENQUEUE_SLOT_MARGIN
+
+
+def create_enqueued(
+    job: Job, runs: list[dict[str, Any]], *, now: datetime, triggered_by: Any = None
+) -> list[JobExecution]:
+    """Many runs of ``job`` at once (the enqueue API), each with its own arguments, due instant
+    priority and idempotency key (``jobs.validation.clean_enqueued_run``), in one INSERT. Call inside a
+    transaction.
+
+    A run's fire slot (``scheduled_for``) is unique per job and attempt, like every execution's:
+    runs due at the same instant are set a microsecond apart, in the order they were sent, and
+    clear of the job's existing runs. Raises IntegrityError if a concurrent writer took a slot
+    meanwhile (the caller tries again). Announced once, not once per run."""
+    wanted = [max(run["run_at"] or now, now) for run in runs]
+    slots = _unscheduled_slots(job, wanted)
     stamp = timezone_now()
     priorities = [job.priority if run["priority"] is None else run["priority"] for run in runs]
     # Every concrete column of each run, as the instance returned will hold it.
@@ -351,6 +358,89 @@ def create_retry_if_allowed(execution: JobExecution, *, now: datetime) -> JobExe
         },
     )
     return retry if created else None
+
+
+# Attempts at inserting a final outcome's chained runs when a concurrent writer took a slot.
+CHAIN_INSERT_ATTEMPTS = 3
+
+
+def create_chained_runs(
+    ended: list[tuple[JobExecution, str]], *, now: datetime
+) -> list[JobExecution]:
+    """The runs the final outcomes in ``ended`` (each run with the status just written) make
+    through their jobs' chains (``jobs.chains``): one per target job, pending and due now, or
+    skipped with its reason when the target is paused. Call inside the transaction that wrote the
+    outcomes, so that a run's outcome and its chained runs commit together or not at all.
+
+    Idempotent: an outcome written again (a batch retried after a commit it did not hear of) finds
+    its chained runs made and makes none; the unique (job, parent) is the last line of defence.
+    A slot taken by a concurrent writer meanwhile is looked for again (a savepoint, not the
+    caller's whole transaction). A target no longer there (deleted or renamed since the chain
+    was checked) is logged, as there is no job to give a row to."""
+    wanted: dict[int, list[str]] = {}
+    for execution, status in ended:
+        job = execution.job
+        if chains.fires(job, status=status, attempt=execution.attempt):
+            wanted[execution.pk] = chains.targets(job, status)
+    if not wanted:
+        return []
+    for attempt in range(1, CHAIN_INSERT_ATTEMPTS + 1):
+        try:
+            with transaction.atomic():
+                created = _insert_chained(wanted, now=now)
+            break
+        except IntegrityError:
+            if attempt == CHAIN_INSERT_ATTEMPTS:
+                raise
+    announce_many([(e.pk, e.job_id, e.status) for e in created])
+    return created
+
+
+def _insert_chained(wanted: dict[int, list[str]], *, now: datetime) -> list[JobExecution]:
+    names = {name for targets in wanted.values() for name in targets}
+    jobs = {job.name: job for job in Job.objects.filter(name__in=names) if job.name in names}
+    made = set(
+        JobExecution.objects.filter(parent_id__in=list(wanted)).values_list("parent_id", "job_id")
+    )
+    by_job: dict[str, list[int]] = {}
+    for parent_id, targets in wanted.items():
+        for name in targets:
+            job = jobs.get(name)
+            if job is None:
+                logger.warning(
+                    "chain: run %s names job %r, which no longer exists; nothing run",
+                    parent_id,
+                    name,
+                    extra={"execution": parent_id},
+                )
+            elif (parent_id, job.pk) not in made:
+                by_job.setdefault(name, []).append(parent_id)
+    rows: list[JobExecution] = []
+    for name, parents in by_job.items():
+        job = jobs[name]
+        skipped = not job.enabled
+        for parent_id, slot in zip(
+            parents, _unscheduled_slots(job, [now] * len(parents)), strict=True
+        ):
+            rows.append(
+                JobExecution(
+                    job_id=job.pk,
+                    scheduled_for=slot,
+                    attempt=1,
+                    trigger=Trigger.CHAIN,
+                    status=S.SKIPPED if skipped else S.PENDING,
+                    run_after=now,
+                    queue=job.queue,
+                    priority=job.priority,
+                    parent_id=parent_id,
+                    reason=chains.REASON_TARGET_DISABLED if skipped else "",
+                    finished_at=now if skipped else None,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    bulk.insert_instances(rows)
+    return rows
 
 
 def promote_due_retries(*, horizon: datetime) -> int:
@@ -527,6 +617,8 @@ def finish(execution: JobExecution, *, status: str, now: datetime, **outcome: An
     if won and status in RETRYABLE_STATES:
         # The backoff runs from the run's end.
         create_retry_if_allowed(execution, now=fields["finished_at"])
+    if won:
+        create_chained_runs([(execution, status)], now=now)
     if not won:
         _fenced(execution, status)
     return won
@@ -552,7 +644,7 @@ def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: da
         return set()
     stamp = timezone_now()
     rows: list[tuple[JobExecution, dict[str, Any]]] = []
-    retries = False
+    retries = chained = False
     for execution, outcome in outcomes:
         status = outcome["status"]
         check_transition(S.RUNNING, status)
@@ -562,8 +654,11 @@ def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: da
         retries = retries or (
             status in RETRYABLE_STATES and execution.attempt <= execution.job.max_retries
         )
+        chained = chained or chains.fires(execution.job, status=status, attempt=execution.attempt)
     chunks = list(_chunks_by_text(rows))
-    alone = (len(chunks) == 1 and not retries) or connection.in_atomic_block
+    # Rows made with the outcome (a next attempt, chained runs) commit with it, in one
+    # transaction; most batches make none and are one UPDATE committed by itself.
+    alone = (len(chunks) == 1 and not retries and not chained) or connection.in_atomic_block
     with contextlib.nullcontext() if alone else transaction.atomic():
         matched = sum(_update_outcomes(chunk) for chunk in chunks)
         wanted = {execution.pk: values for execution, values in rows}
@@ -588,6 +683,8 @@ def finish_batch(outcomes: list[tuple[JobExecution, dict[str, Any]]], *, now: da
             elif status in RETRYABLE_STATES:
                 # The backoff runs from the body's end.
                 create_retry_if_allowed(execution, now=wanted[execution.pk]["finished_at"])
+        if chained:
+            create_chained_runs([(e, o["status"]) for e, o in outcomes if e.pk in won], now=now)
     announce_many([(e.pk, e.job_id, o["status"]) for e, o in outcomes if e.pk in won])
     return won
 
@@ -662,6 +759,7 @@ def end_running(execution: JobExecution, *, status: str, reason: str, now: datet
     )
     if won:
         create_retry_if_allowed(execution, now=now)
+        create_chained_runs([(execution, status)], now=now)
     return won
 
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0017_notification_recovered_late'),
+        ('jobs', '0018_chains'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
