@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.record import Commit
+from chaos.record import Commit, RunningStep
 from cluster import partitions
 
 FENCE_TABLE = "cluster_clusterfence"
@@ -153,8 +153,38 @@ def commits(transactions: Iterable[list[_Change]]) -> list[Commit]:
     return found
 
 
-def read_commits(log_dir: Path, columns: Mapping[str, list[str]]) -> list[Commit]:
-    """The commits of every binary log file in ``log_dir`` (a server's ``--log-bin`` base)."""
+RUNNING = "running"
+
+
+def running_steps(transactions: Iterable[list[_Change]]) -> list[RunningStep]:
+    """Every run's row entering or leaving ``running``, in commit order."""
+    steps = []
+    for seq, changes in enumerate(transactions):
+        for change in changes:
+            if change.table != EXECUTION_TABLE:
+                continue
+            row = change.after if change.op != "delete" else change.before
+            was = change.before.get("status") if change.op != "insert" else None
+            now = change.after.get("status") if change.op != "delete" else None
+            if (was == RUNNING) == (now == RUNNING):
+                continue
+            if not isinstance(row.get("id"), int) or not isinstance(row.get("job_id"), int):
+                continue
+            steps.append(
+                RunningStep(
+                    seq=seq,
+                    execution_id=row["id"],
+                    job_id=row["job_id"],
+                    queue=str(row.get("queue") or ""),
+                    entered=now == RUNNING,
+                )
+            )
+    return steps
+
+
+def read_log(log_dir: Path, columns: Mapping[str, list[str]]) -> list[list[_Change]]:
+    """The transactions of every binary log file in ``log_dir`` (a server's ``--log-bin``
+    base), parsed."""
     tool = next((t for t in BINLOG_TOOLS if shutil.which(t)), None)
     if tool is None:
         raise RuntimeError(ERR_NO_TOOL)
@@ -171,7 +201,12 @@ def read_commits(log_dir: Path, columns: Mapping[str, list[str]]) -> list[Commit
     )
     if out.returncode != 0:
         raise RuntimeError(f"{tool} failed: {out.stderr.strip()[:300]}")
-    return commits(parse(out.stdout, columns))
+    return parse(out.stdout, columns)
+
+
+def read_commits(log_dir: Path, columns: Mapping[str, list[str]]) -> list[Commit]:
+    """The commits of every binary log file in ``log_dir`` (a server's ``--log-bin`` base)."""
+    return commits(read_log(log_dir, columns))
 
 
 def table_columns(cursor: Any, database: str) -> dict[str, list[str]]:

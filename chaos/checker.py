@@ -40,6 +40,13 @@ from chaos.rules.attempts import (
 )
 from chaos.rules.commit_order import STALE_COMMIT, stale_commits
 from chaos.rules.fenced import STALE_FENCED_WRITE, fenced_writes
+from chaos.rules.flow import (
+    FLOW_BODY_OVERLAP,
+    FLOW_NO_PERMIT,
+    FLOW_OVER_LIMIT,
+    FLOW_OVER_RATE,
+    flow,
+)
 from chaos.rules.intent import FIRED_AFTER_DELETE, FIRED_WHILE_PAUSED, REQUEST_NOT_RUN
 from chaos.rules.leadership import (
     LEADER_GAP,
@@ -80,7 +87,13 @@ from chaos.rules.schedule import (
 )
 
 API_ANOMALY = "api_anomaly"  # an operator action answered unexpectedly (5xx, a lost update)
-NOTE_KINDS = (FROZEN_BODY_OVERLAP, CUT_BODY_OVERLAP, LOST_WHILE_RUNNING, FROZEN_AT_START)
+NOTE_KINDS = (
+    FROZEN_BODY_OVERLAP,
+    CUT_BODY_OVERLAP,
+    LOST_WHILE_RUNNING,
+    FROZEN_AT_START,
+    FLOW_BODY_OVERLAP,
+)
 
 VIOLATION_KINDS = (
     DUPLICATE_EXECUTION,
@@ -106,6 +119,9 @@ VIOLATION_KINDS = (
     STALE_COMMIT,
     SCHEDULE_EDIT,
     STALE_FENCED_WRITE,
+    FLOW_OVER_LIMIT,
+    FLOW_OVER_RATE,
+    FLOW_NO_PERMIT,
 )
 
 # Fault kinds that make leadership impossible for a while (the coordination store or the database
@@ -139,6 +155,9 @@ class Report:
     commits_checked: int = 0
     # The fenced jobs' writes (rules.fenced.FencedStats as a dict).
     fenced: dict[str, int] = field(default_factory=dict)
+    # Flow control: the most runs at once and per window seen against each limit
+    # (rules.flow.FlowStats as a dict).
+    flow: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -180,6 +199,21 @@ class Report:
                 f"reach the database); bodies frozen mid-run that wrote after a newer run: "
                 f"{f['frozen']}, refused {f['frozen_refused']} (still_owner() said true in "
                 f"{f['frozen_still_owner']})"
+            )
+        if self.flow.get("judged_on"):
+            at_once = ", ".join(
+                f"{key} {most}/{limit}" for key, (most, limit) in self.flow["at_once"].items()
+            )
+            lines.append(
+                f"flow control, most running at once / limit ({self.flow['judged_on']}): {at_once}"
+            )
+        if self.flow.get("in_window"):
+            windows = ", ".join(
+                f"{key} {most}/{limit}" for key, (most, limit) in self.flow["in_window"].items()
+            )
+            lines.append(
+                f"flow control, most released in one rate window / limit "
+                f"({self.flow['permits']} permits): {windows}"
             )
         if self.recovery:
             lines.append(
@@ -306,6 +340,9 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += edits_followed(history, index)
     stale_fenced, fenced_stats = fenced_writes(history)
     violations += stale_fenced
+    flow_found, flow_notes, flow_stats = flow(history, index)
+    violations += flow_found
+    notes += flow_notes
     violations += [
         Violation(API_ANOMALY, f"{a.action}: {a.detail}", {"at": a.at})
         for a in history.api_anomalies
@@ -328,6 +365,7 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
         shown_per_kind=config.shown_per_kind,
         commits_checked=len(history.commits),
         fenced=asdict(fenced_stats),
+        flow=asdict(flow_stats),
     )
 
 

@@ -23,6 +23,8 @@ from chaos.record import (
     History,
     JobInfo,
     PauseWindow,
+    Permit,
+    QueueLimits,
     Requested,
     ScheduleEdit,
     SideEffect,
@@ -154,7 +156,7 @@ def collect_history(
 ) -> History:
     """Read the whole history of a run from its database (the default connection) and files."""
     from cluster.models import LeadershipTerm
-    from jobs.models import AuditEvent, Job, JobExecution
+    from jobs.models import AuditEvent, FlowPermit, Job, JobExecution, Queue
 
     jobs = {job.pk: job for job in Job.objects.all()}
     job_infos = [
@@ -177,6 +179,10 @@ def collect_history(
             run_all_max=job.run_all_max,
             cron=job.cron_expression or "",
             timezone=str(job.timezone or "UTC"),
+            queue=job.queue,
+            max_concurrent=job.max_concurrent,
+            rate_limit=job.rate_limit,
+            rate_period_seconds=job.rate_period_seconds,
         )
         for job in jobs.values()
     ]
@@ -239,4 +245,12 @@ def collect_history(
         window_end=window_end,
         stop_at=stop_at,
         meta=dict(meta or {}),
+        permits=[
+            Permit(p.key, p.released_at.timestamp(), p.execution_id)
+            for p in FlowPermit.objects.order_by("released_at")
+        ],
+        queues=[
+            QueueLimits(q.name, q.max_concurrent, q.rate_limit, q.rate_period_seconds)
+            for q in Queue.objects.all()
+        ],
     )

@@ -32,6 +32,9 @@ EDIT_INTERVALS = (1, 2, 3)
 # An enqueued run is due now or this many seconds ahead.
 ENQUEUE_AHEAD_S = (0.0, 3.0)
 OPERATOR_EVERY_S = (0.7, 2.5)
+# The share of actions that enqueue a burst of runs of a flow-controlled job, and its size.
+FLOW_BURST_SHARE = 0.2
+FLOW_BURST = (3, 6)
 PAUSED_FOR_S = (1.5, 4.0)
 
 
@@ -56,9 +59,13 @@ class Operator:
         seed: int,
         say: Callable[[str], None],
         scratch: dict[str, Any] | None = None,
+        flow_job_ids: Sequence[int] = (),
     ):
         self.token = token
         self.job_ids = list(job_ids)
+        # Jobs under flow control (a limit, a rate): enqueued in bursts beyond what they may run
+        # at once, so their limits hold runs back.
+        self.flow_job_ids = list(flow_job_ids)
         self.rng = random.Random(seed)
         self.say = say
         self.scratch = scratch  # the definition of the job it deletes and creates again
@@ -194,6 +201,11 @@ class Operator:
         roll = self.rng.random()
         job_id = self.rng.choice(self.job_ids)
         start = time.time()
+        if self.flow_job_ids and self.rng.random() < FLOW_BURST_SHARE:
+            self._enqueue(
+                api, self.rng.choice(self.flow_job_ids), start, count=self.rng.randint(*FLOW_BURST)
+            )
+            return
         if roll < 0.25:
             response = self._call(api, "post", f"/api/jobs/{job_id}/trigger/", API_TRIGGER)
             answered = time.time()
@@ -226,11 +238,12 @@ class Operator:
             self._paused[job_id] = time.time() + self.rng.uniform(*PAUSED_FOR_S)
             self._record(API_PAUSE_RESUME, job_id, start, "pause")
 
-    def _enqueue(self, api: Any, job_id: int, start: float) -> None:
+    def _enqueue(self, api: Any, job_id: int, start: float, count: int | None = None) -> None:
         from datetime import UTC, datetime
 
         ahead = [
-            round(self.rng.uniform(*ENQUEUE_AHEAD_S), 2) for _ in range(self.rng.randint(1, 3))
+            round(self.rng.uniform(*ENQUEUE_AHEAD_S), 2)
+            for _ in range(count or self.rng.randint(1, 3))
         ]
         runs = [
             {"run_at": datetime.fromtimestamp(start + s, tz=UTC).isoformat()} if s else {}

@@ -70,6 +70,12 @@ class JobInfo:
     run_all_max: int = 10
     cron: str = ""
     timezone: str = "UTC"
+    # Flow control (jobs.flow): the job's own limits, and its queue (whose limits are in the
+    # history's ``queues``).
+    queue: str = "default"
+    max_concurrent: int | None = None
+    rate_limit: int | None = None
+    rate_period_seconds: int = 60
 
     def min_backoff_s(self, attempt: int) -> float:
         """The shortest wait allowed before attempt ``attempt + 1``."""
@@ -124,6 +130,35 @@ class SideEffect:
     token: int | None = None
     still_owner: bool | None = None
     fenced: str = ""
+
+
+@dataclass(frozen=True)
+class Permit:
+    """A flow-control permit: a run of a rate-limited job or queue released at ``released_at``."""
+
+    key: str  # "job:<id>" | "queue:<name>"
+    released_at: float
+    execution_id: int
+
+
+@dataclass(frozen=True)
+class RunningStep:
+    """A run's row entering or leaving the ``running`` status, in commit order (``seq``), from the
+    database's own log: what a concurrency limit counts, with no writer's clock involved."""
+
+    seq: int
+    execution_id: int
+    job_id: int
+    queue: str
+    entered: bool
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    name: str
+    max_concurrent: int | None = None
+    rate_limit: int | None = None
+    rate_period_seconds: int = 60
 
 
 @dataclass(frozen=True)
@@ -238,6 +273,10 @@ class History:
     edits: list[ScheduleEdit] = field(default_factory=list)
     # Empty unless the run's database keeps a row-based log (a private MariaDB).
     commits: list[Commit] = field(default_factory=list)
+    permits: list[Permit] = field(default_factory=list)
+    queues: list[QueueLimits] = field(default_factory=list)
+    # Empty unless the run's database keeps a row-based log (a private MariaDB).
+    running_steps: list[RunningStep] = field(default_factory=list)
     # Slots due in [window_start, window_end] must be accounted for; stop_at: the graceful stop began.
     window_start: float = 0.0
     window_end: float = 0.0
@@ -258,6 +297,9 @@ _LIST_TYPES: dict[str, type] = {
     "deleted": Deletion,
     "edits": ScheduleEdit,
     "commits": Commit,
+    "permits": Permit,
+    "queues": QueueLimits,
+    "running_steps": RunningStep,
 }
 
 

@@ -32,6 +32,7 @@ import traceback
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -213,6 +214,44 @@ def job_definitions(count: int, side_effects: Path) -> list[dict[str, Any]]:
     return jobs
 
 
+# Flow control under faults: two jobs run only when the operator enqueues bursts of runs, in a
+# queue of their own that allows FLOW_QUEUE_LIMIT at once; one allows FLOW_JOB_LIMIT at once of its
+# own (bodies of 1 s), the other FLOW_RATE starts per FLOW_RATE_PERIOD_S (bodies of 0.3 s).
+FLOW_QUEUE = "chaos-flow"
+FLOW_QUEUE_LIMIT = 3
+FLOW_JOB_LIMIT = 2
+FLOW_RATE = 4
+FLOW_RATE_PERIOD_S = 3
+
+
+def flow_job_definitions(side_effects: Path) -> list[dict[str, Any]]:
+    """The two flow-limited jobs: no schedule of their own (a one-off due in ten years), any
+    number of runs at once but for their limits."""
+    far = (datetime.now(UTC) + timedelta(days=3650)).isoformat()
+    base: dict[str, Any] = {
+        "task": TASK_NAME,
+        "schedule_type": "once",
+        "run_at": far,
+        "queue": FLOW_QUEUE,
+        "concurrency_policy": "allow",
+    }
+    return [
+        {
+            **base,
+            "name": "chaos-flow-limit",
+            "kwargs": {"path": str(side_effects), "sleep_s": 1.0},
+            "max_concurrent": FLOW_JOB_LIMIT,
+        },
+        {
+            **base,
+            "name": "chaos-flow-rate",
+            "kwargs": {"path": str(side_effects), "sleep_s": 0.3},
+            "rate_limit": FLOW_RATE,
+            "rate_period_seconds": FLOW_RATE_PERIOD_S,
+        },
+    ]
+
+
 def with_port(url: str, port: int) -> str:
     parts = urlsplit(url)
     userinfo, _, _ = parts.netloc.rpartition("@")
@@ -234,6 +273,7 @@ class ChaosRun:
         self.cluster: LocalCluster | None = None
         self.operator: Operator | None = None
         self.started = time.time()
+        self.flow_job_ids: list[int] = []
 
     def say(self, message: str) -> None:
         self.out.write(message + "\n")
@@ -297,6 +337,7 @@ class ChaosRun:
         self.operator = Operator(
             token=token,
             job_ids=job_ids,
+            flow_job_ids=self.flow_job_ids,
             seed=plan.seed + 1,
             say=self.say,
             scratch={**scratch, "name": "chaos-scratch"},
@@ -384,6 +425,7 @@ class ChaosRun:
     def _setup_django(self) -> None:
         os.environ["SCHEDULER_REDIS_PREFIX"] = f"chaos{os.getpid()}"
         os.environ["SCHEDULER_TASK_MODULES"] = TASK_MODULE
+        os.environ["SCHEDULER_QUEUES"] = f"default,{FLOW_QUEUE}"
         if not os.environ.get("DJANGO_SETTINGS_MODULE"):
             raise RuntimeError("DJANGO_SETTINGS_MODULE is not set (the chaos command sets it)")
         import django
@@ -411,6 +453,19 @@ class ChaosRun:
         from jobs.models import SchedulerSetting
 
         ids = []
+        from jobs.models import Queue
+
+        Queue.objects.create(name=FLOW_QUEUE, max_concurrent=FLOW_QUEUE_LIMIT)
+        self.flow_job_ids = []
+        for definition in flow_job_definitions(self.side_effects):
+            job = services.job_create(data=definition, by=services.SYSTEM)
+            services.job_update(
+                job_id=job.pk,
+                expected_version=job.version,
+                changes={"kwargs": {**definition["kwargs"], "job_id": job.pk}},
+                by=services.SYSTEM,
+            )
+            self.flow_job_ids.append(job.pk)
         for definition in job_definitions(self.plan.jobs, self.side_effects):
             job = services.job_create(data=definition, by=services.SYSTEM)
             if definition["kwargs"].get("fenced"):
@@ -470,6 +525,7 @@ class ChaosRun:
                 "DATABASE_URL": node_url,
                 "DJANGO_SETTINGS_MODULE": django_settings.SETTINGS_MODULE,
                 "SCHEDULER_TASK_MODULES": TASK_MODULE,
+                "SCHEDULER_QUEUES": f"default,{FLOW_QUEUE}",
                 "LOG_FORMAT": "json",  # parsed for the "started leading (term N)" lines
                 "LOG_LEVEL": "INFO",
                 "PYTHONUNBUFFERED": "1",
@@ -616,11 +672,12 @@ class ChaosRun:
             },
         )
         if self.mariadb is not None:
-            history.commits = self._commits()
+            history.commits, history.running_steps = self._commits()
         return history
 
-    def _commits(self) -> list:
-        """The run's committed transactions, from the private server's binary log."""
+    def _commits(self) -> tuple[list, list]:
+        """The run's committed transactions, from the private server's binary log: those on the
+        fence or the runs, and every run's row entering or leaving ``running``."""
         from django.db import connection
 
         from chaos import binlog
@@ -628,9 +685,11 @@ class ChaosRun:
         assert self.mariadb is not None
         with connection.cursor() as cursor:
             columns = binlog.table_columns(cursor, connection.settings_dict["NAME"])
-        commits = binlog.read_commits(self.mariadb.workdir, columns)
+        transactions = binlog.read_log(self.mariadb.workdir, columns)
+        commits = binlog.commits(transactions)
+        steps = binlog.running_steps(transactions)
         self.say(f"commit log: {len(commits)} transactions on the fence or the runs")
-        return commits
+        return commits, steps
 
     def _print_report(self, history: History, report: Report) -> None:
         meta = history.meta

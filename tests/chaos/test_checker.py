@@ -25,6 +25,7 @@ from chaos.record import (
     History,
     JobInfo,
     PauseWindow,
+    Permit,
     Requested,
     ScheduleEdit,
     SideEffect,
@@ -880,7 +881,41 @@ def stuck_in_a_fenced_write(h: History, outcome: str) -> None:
     _move_effect(h, stuck.id, "end", T0 + 5.2)
 
 
+def _limit_job(h: History, job_id: int, **fields: object) -> None:
+    h.jobs = [dataclasses.replace(j, **fields) if j.id == job_id else j for j in h.jobs]
+
+
+def over_the_job_limit(h: History) -> None:
+    """Job 1 may run one at a time; its slot 3 run was recorded running before slot 2's ended."""
+    _limit_job(h, 1, max_concurrent=1)
+    _replace_row(h, 1, 3, started_at=T0 + 2.2)
+
+
+def permits_for_job_1(h: History, shift: dict[int, float] | None = None) -> None:
+    """Job 1 may start once a second; each run has its permit just before its body starts."""
+    _limit_job(h, 1, rate_limit=1, rate_period_seconds=1)
+    shift = shift or {}
+    h.permits = [
+        Permit("job:1", T0 + k - 0.01 + shift.get(k, 0.0), _find(h, 1, k).id)
+        for k in range(SLOTS)
+        if k not in shift or shift[k] is not None
+    ]
+
+
 CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
+    ("within the job limit", lambda h: _limit_job(h, 1, max_concurrent=1), {}),
+    ("over the job limit", over_the_job_limit, {c.FLOW_OVER_LIMIT: "2 runs running at once"}),
+    ("within the rate", permits_for_job_1, {}),
+    (
+        "over the rate",
+        lambda h: permits_for_job_1(h, {4: -0.5}),
+        {c.FLOW_OVER_RATE: "2 runs released within 1 s"},
+    ),
+    (
+        "a body without its permit",
+        lambda h: permits_for_job_1(h, {4: None}),  # type: ignore[dict-item]
+        {c.FLOW_NO_PERMIT: "started with no permit"},
+    ),
     ("stuck fenced write", lambda h: stuck_in_a_fenced_write(h, "error: OperationalError"), {}),
     (
         "stuck write that landed",
