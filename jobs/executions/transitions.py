@@ -274,6 +274,7 @@ def create_enqueued(
         "queue": job.queue,
         "node": "",
         "cancel_requested": False,
+        "catch_up": False,
         "reason": "",
         "triggered_by_id": getattr(triggered_by, "pk", None),
         "created_at": stamp,
