@@ -219,7 +219,7 @@ def test_counts() -> None:
     now = timezone.now()
     ids = make_executions(6)
     late = now - timedelta(seconds=live_protocol.LATE_AFTER_S + 1)
-    JobExecution.objects.filter(pk=ids[0]).update(run_after=late)
+    JobExecution.objects.filter(pk=ids[0]).update(run_after=late, catch_up=True)
     JobExecution.objects.filter(pk=ids[1]).update(status=S.RUNNING)
     JobExecution.objects.filter(pk__in=ids[2:4]).update(status=S.FAILED, finished_at=now)
     JobExecution.objects.filter(pk=ids[4]).update(
@@ -229,7 +229,7 @@ def test_counts() -> None:
     assert live.counts_payload(now=now) == {
         "running": 1,
         "queued": 1,
-        "catch_up": 0,
+        "catch_up": 1,
         "late": 1,
         "failed_last_hour": 2,
     }
