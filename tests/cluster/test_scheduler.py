@@ -295,6 +295,20 @@ def test_a_later_tick_paces_after_the_runs_already_paced():
     ]
 
 
+def test_each_partition_paces_its_own_jobs_from_its_own_rows():
+    """Partition 1's leader does not continue after partition 0's stream: each paces its share."""
+    run_all_job("a")
+    scheduler_tick(term=TERM, now=LATE_NOW, catch_up_per_s=10)
+    other = run_all_job("b")
+    Job.objects.filter(pk=other.pk).update(partition=1)
+
+    scheduler_tick(term=TERM, now=LATE_NOW, catch_up_per_s=10, partition=1)
+
+    assert [e.run_after for e in rows(other, S.PENDING)] == [
+        LATE_NOW + k * 100 * MS for k in range(3)
+    ]
+
+
 def test_without_a_budget_catch_up_runs_are_ordinary_late_fires():
     job = run_all_job("a")
 
