@@ -188,7 +188,14 @@ def scheduler_tick(
                     result=result,
                     pacing=catch_up_per_s > 0,
                 )
-            _pace_catch_up(rows, per_s=catch_up_per_s, now=now, partition=partition, result=result)
+            _pace_catch_up(
+                rows,
+                per_s=catch_up_per_s,
+                now=now,
+                start=horizon,
+                partition=partition,
+                result=result,
+            )
             created = executions.create_fires(rows)
             services.jobs_advance(jobs=jobs, now=now)
             replace_ids = [j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.REPLACE]
@@ -217,10 +224,19 @@ def scheduler_tick(
 
 
 def _pace_catch_up(
-    rows: list[JobExecution], *, per_s: float, now: datetime, partition: int, result: TickResult
+    rows: list[JobExecution],
+    *,
+    per_s: float,
+    now: datetime,
+    start: datetime,
+    partition: int,
+    result: TickResult,
 ) -> None:
     """Give the tick's catch-up rows their paced ``run_after`` (in memory, before they are
-    stored), after the latest instant the partition's pending catch-up runs already have."""
+    stored), after the latest instant the partition's pending catch-up runs already have, and
+    from ``start`` at the earliest: the tick's horizon, as far ahead as on-time fires are written,
+    so the nodes claim the stream ahead of its instants as they claim those (from ``now``, its
+    first second would be due before a node could claim it, and start all at once)."""
     catch_up = [row for row in rows if row.catch_up]
     if not catch_up:
         return
@@ -233,7 +249,7 @@ def _pace_catch_up(
         job__partition=partition,
     ).aggregate(last=Max("run_after"))["last"]
     paced = firing.pace_catch_up(
-        [(row.run_after, row.job_id) for row in catch_up], per_s=per_s, now=now, after=after
+        [(row.run_after, row.job_id) for row in catch_up], per_s=per_s, now=start, after=after
     )
     for row, run_after in zip(catch_up, paced, strict=True):
         row.run_after = run_after
