@@ -190,7 +190,9 @@ class Environment:
 
 
 class Nodes:
-    def __init__(self, env: Environment, prefix: str, count: int = NODES) -> None:
+    def __init__(
+        self, env: Environment, prefix: str, count: int = NODES, args: tuple[str, ...] = ()
+    ) -> None:
         self.processes: dict[str, subprocess.Popen] = {}
         self.logs: list[Any] = []
         node_env = {**env.env, "SCHEDULER_REDIS_PREFIX": prefix}
@@ -208,6 +210,7 @@ class Nodes:
                     "--capacity",
                     str(NODE_CAPACITY),
                     *(["--cpus", str(env.cpus[(index - 1) % len(env.cpus)])] if env.cpus else []),
+                    *args,
                 ],
                 cwd=ROOT,
                 env=node_env,

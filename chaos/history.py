@@ -212,6 +212,7 @@ def collect_history(
                 reason=row.reason,
                 run_after=_epoch(row.run_after),
                 partition=job.partition,
+                catch_up=row.catch_up,
             )
         )
     terms = [

@@ -111,6 +111,8 @@ class Execution:
     run_after: float | None = None
     # The scheduling partition of its job: whose terms fenced its fire.
     partition: int = 0
+    # A run_all run for a slot missed past the grace, released on the catch-up budget.
+    catch_up: bool = False
 
 
 @dataclass(frozen=True)

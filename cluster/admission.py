@@ -18,6 +18,17 @@ left by an outage thus collapses as the leader's own misfire policy would have c
 of running one stale fire after another (a forbid job runs them one at a time and would stay as far
 behind as the outage was long).
 
+Catch-up runs are the exception. The runs ``run_all`` plans for slots missed past the grace are
+released on the cluster's catch-up budget (``Facts.catch_up``: their ``run_after`` paced oldest
+slot first, ``cluster.scheduler``), so they wait on purpose while the on-time fires of their job
+fall due; counting those would supersede every paced run and undo the budget. A catch-up run is
+superseded only by later catch-up fires of its job (a second outage while the first backlog
+drains: the newest ``run_all_max`` missed slots run, as the planner would have chosen), and
+``run_all_max`` already bounded them when they were planned. Their staleness counts from their
+paced ``run_after`` (when they became runnable), as every run's does. Within one job the order
+holds: a catch-up run whose paced instant has come goes before its job's on-time fire (forbid runs
+one at a time, oldest first); a paced run not yet due holds nothing up.
+
 The executor gathers the facts (the job lock, the blocking run and whether its node is alive, an
 older run still waiting) and applies the decision through ``jobs.executions``; nothing here reads the
 clock, the database or the coordination backend, so every rule is table-tested.
@@ -107,6 +118,10 @@ class Facts:
     misfire_policy: str = "run_once"
     run_all_max: int = 1
     newer_due: int = 0
+    # A run_all run for a slot missed past the grace, released on the catch-up budget; and how
+    # many of the later due fires counted in ``newer_due`` are catch-up fires too.
+    catch_up: bool = False
+    newer_catch_up_due: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,10 +159,11 @@ def is_superseded(facts: Facts) -> bool:
     keeps (waiting, running, done or skipped: the schedule moved on past it): it missed its turn,
     and the policy covers it as it covers the slots a late leader finds. Without this, a job whose
     runs go one at a time (forbid) would run every fire queued during an outage one after the
-    other, each a slot late, and never catch up."""
-    return facts.scheduled and facts.newer_due >= fires_kept(
-        facts.misfire_policy, facts.run_all_max
-    )
+    other, each a slot late, and never catch up. A catch-up run counts only the later catch-up
+    fires of its job: it waits for its turn on the budget on purpose, and the on-time fires falling
+    due meanwhile do not supersede it."""
+    newer = facts.newer_catch_up_due if facts.catch_up else facts.newer_due
+    return facts.scheduled and newer >= fires_kept(facts.misfire_policy, facts.run_all_max)
 
 
 def decided_without_the_job(facts: Facts) -> bool:

@@ -65,6 +65,13 @@ KNOBS: dict[str, tuple[Any, Callable[[str], Any], Callable[[Any], str | None]]] 
         float,
         lambda v: None if 0.5 <= v <= 3600 else "must be within 0.5-3600 seconds",
     ),
+    # Runs released from misfire catch-up, a second, across the cluster (0: no bound); see
+    # jobs.firing.pace_catch_up. Each partition's leader paces its own jobs at its share.
+    "CATCH_UP_PER_S": (
+        50.0,
+        float,
+        lambda v: None if 0 <= v <= 100_000 else "must be within 0 (no bound) and 100000",
+    ),
     "METRICS_PORT": (0, int, lambda v: None if 0 <= v <= 65535 else "must be 0 (off) or a port"),
     "METRICS_HOST": ("0.0.0.0", str, lambda v: None if v else "must not be empty"),  # noqa: S104
     # [] (default): not pinned; see cluster.affinity.

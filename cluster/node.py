@@ -201,6 +201,9 @@ class NodeConfig:
     db_control_limit_s: float = DB_CONTROL_LIMIT_S
     # The leader warns once when fires or claims fall this far behind (cluster.behind).
     behind_warn_s: float = conf.default("BEHIND_WARN_S")
+    # Runs released a second from misfire catch-up across the cluster (0: no bound); each
+    # partition's leader paces its jobs' at its share of it.
+    catch_up_per_s: float = conf.default("CATCH_UP_PER_S")
 
     def __post_init__(self) -> None:
         problem = conf.values_problem(
@@ -213,6 +216,7 @@ class NodeConfig:
                 "DRAIN_GRACE_S": self.grace_s,
                 "DB_CONTROL_LIMIT_S": self.db_control_limit_s,
                 "BEHIND_WARN_S": self.behind_warn_s,
+                "CATCH_UP_PER_S": self.catch_up_per_s,
                 "LEASE_TTL_MS": self.election.lease_ttl_ms,
                 "RENEW_DEADLINE_MS": self.election.renew_deadline_ms,
                 "RETRY_PERIOD_MS": self.election.retry_period_ms,
@@ -832,6 +836,7 @@ class NodeRunner:
                 now=now,
                 lookahead=timedelta(seconds=self.config.lookahead_s + LEADER_TICK_EARLY_S),
                 partition=seat.partition,
+                catch_up_per_s=self.config.catch_up_per_s / max(1, self.partition_count),
             )
             if seat.partition == 0:
                 self._cluster_work(term)

@@ -8,6 +8,14 @@ When a job fires (its misfire and concurrency rules at fire time) is a pure plan
 ``jobs.firing``; this module writes the plans of every due job in one fenced batch, advances their
 ``next_fire_at``, asks ``replace`` jobs' running runs to cancel and promotes due retries. The
 reaper is ``cluster.reaper``.
+
+Catch-up. The runs ``run_all`` plans for slots missed past the grace are released on a budget
+(``catch_up_per_s``: the partition's share of the cluster's): their ``run_after`` instants are
+paced oldest slot first across the tick's jobs (``jobs.firing.pace_catch_up``), continuing after
+the latest instant this partition has already paced. That instant is read from the pending
+catch-up rows, not kept in memory, so a new leader (after a failover, or a whole-cluster restart
+while a backlog drains) goes on from where its predecessor left off instead of releasing a second
+stream beside the first. With no budget (0) they are written as ordinary late fires, due at once.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.db.models import Max
 from django.utils import timezone
 
 from cluster import partitions, tracing
@@ -60,6 +69,9 @@ class TickResult:
     fired_ids: list[int] = field(default_factory=list)
     # How long after the earliest of its slots the tick began (0 when it was ahead of them).
     late_s: float = 0.0
+    # Catch-up runs written (paced on the budget), and when the last of them is released.
+    caught_up: int = 0
+    catch_up_until: datetime | None = None
 
 
 def _plan_job(
@@ -71,6 +83,7 @@ def _plan_job(
     running: bool,
     waiting: bool,
     result: TickResult,
+    pacing: bool,
 ) -> list[JobExecution]:
     """The rows of one due job's plan (``jobs.firing``); advances the job's fire times in memory."""
     plan = firing.plan_fires(
@@ -103,6 +116,7 @@ def _plan_job(
             due=fire.due,
             status=ExecutionStatus.PENDING if fire.skip_reason is None else ExecutionStatus.SKIPPED,
             reason=fire.skip_reason or "",
+            catch_up=fire.catch_up and pacing,
         )
         for fire in plan.fires
     ]
@@ -115,10 +129,12 @@ def scheduler_tick(
     lookahead: timedelta = timedelta(0),
     batch_size: int = DEFAULT_BATCH_SIZE,
     partition: int = 0,
+    catch_up_per_s: float = 0.0,
 ) -> TickResult:
     """One pass of a partition's leader, fenced by the partition's fence: create the executions of
     every job of the partition due before now + lookahead. Partition 0's pass also promotes the
-    retries that fell due (cluster-wide)."""
+    retries that fell due (cluster-wide). ``catch_up_per_s``: this partition's catch-up budget
+    (runs a second; 0: none, catch-up runs are due at once)."""
     now = now or timezone.now()
     horizon = now + lookahead
     result = TickResult()
@@ -170,7 +186,16 @@ def scheduler_tick(
                     running=job.pk in running_jobs,
                     waiting=job.pk in waiting_jobs,
                     result=result,
+                    pacing=catch_up_per_s > 0,
                 )
+            _pace_catch_up(
+                rows,
+                per_s=catch_up_per_s,
+                now=now,
+                start=horizon,
+                partition=partition,
+                result=result,
+            )
             created = executions.create_fires(rows)
             services.jobs_advance(jobs=jobs, now=now)
             replace_ids = [j.pk for j in jobs if j.concurrency_policy == ConcurrencyPolicy.REPLACE]
@@ -196,6 +221,48 @@ def scheduler_tick(
             term=term,
         )
     return result
+
+
+def _pace_catch_up(
+    rows: list[JobExecution],
+    *,
+    per_s: float,
+    now: datetime,
+    start: datetime,
+    partition: int,
+    result: TickResult,
+) -> None:
+    """Give the tick's catch-up rows their paced ``run_after`` (in memory, before they are
+    stored), after the latest instant the partition's pending catch-up runs already have, and
+    from ``start`` at the earliest: the tick's horizon, as far ahead as on-time fires are written,
+    so the nodes claim the stream ahead of its instants as they claim those (from ``now``, its
+    first second would be due before a node could claim it, and start all at once)."""
+    catch_up = [row for row in rows if row.catch_up]
+    if not catch_up:
+        return
+    # Only runs still ahead matter (a paced instant already past is no later than now); pending
+    # rows are few beside the history, and this runs only in a tick that has catch-up fires.
+    after = JobExecution.objects.filter(
+        status=ExecutionStatus.PENDING,
+        catch_up=True,
+        run_after__gt=now,
+        job__partition=partition,
+    ).aggregate(last=Max("run_after"))["last"]
+    paced = firing.pace_catch_up(
+        [(row.run_after, row.job_id) for row in catch_up], per_s=per_s, now=start, after=after
+    )
+    for row, run_after in zip(catch_up, paced, strict=True):
+        row.run_after = run_after
+    result.caught_up = len(catch_up)
+    result.catch_up_until = max(paced)
+    logger.info(
+        "catch-up: %d runs of %d jobs released at %g a second until %s",
+        len(catch_up),
+        len({row.job_id for row in catch_up}),
+        per_s,
+        result.catch_up_until.isoformat(),
+        extra={"partition": partition},
+    )
 
 
 def earliest_next_fire(partition: int | None = None) -> datetime | None:

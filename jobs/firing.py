@@ -21,6 +21,13 @@ the past (typically because no leader was alive). Then:
 At most ``MAX_RECORDED_MISSES`` skipped fires are planned per job and plan; further missed slots
 are only counted (a 1-second job down for a day would otherwise write 86,400 rows).
 
+Catch-up. The runs ``run_all`` plans for missed slots are *catch-up* fires (``Fire.catch_up``).
+After a whole-cluster outage every ``run_all`` job has up to ``run_all_max`` of them, all due at
+once; ``pace_catch_up`` gives them instants a budget apart instead (``per_s`` a second, oldest slot
+first across the jobs, continuing after the last instant already paced), so the backlog drains as
+a steady stream beside the on-time fires. ``run_once``'s one late run is not paced: a job has at
+most one, as it has one on-time fire.
+
 Concurrency at fire time: ``buffer_one`` records a slot skipped when a run is going and another
 already waits; ``replace`` (the leader asks the running run to cancel), ``forbid`` (decided when the
 run starts, on the job lock) and ``allow`` write every slot.
@@ -29,6 +36,7 @@ run starts, on the job lock) and ``allow`` write every slot.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -137,6 +145,8 @@ class Fire:
     due: datetime
     # None: a run to write pending; otherwise the slot is recorded skipped with this reason.
     skip_reason: str | None = None
+    # A run_all run for a slot missed past the grace: released on the catch-up budget.
+    catch_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,7 +225,8 @@ def plan_fires(
         recorded = skip[-MAX_RECORDED_MISSES:]
         unrecorded = total - len(run) - len(recorded)
         fires += [Fire(s, s + spread, reason) for s in recorded]
-        fires += [Fire(s, s + spread) for s in run]
+        catch_up = policy.misfire_policy == MisfirePolicy.RUN_ALL
+        fires += [Fire(s, s + spread, catch_up=catch_up) for s in run]
         if run:
             last_fire_at = run[-1]
     count = 0
@@ -269,6 +280,31 @@ def _missed_slots(
         tail += 1
         slot = next_slot(schedule, slot)
     return list(recent), walked + skipped_over + tail
+
+
+def pace_catch_up(
+    fires: Sequence[tuple[datetime, int]],
+    *,
+    per_s: float,
+    now: datetime,
+    after: datetime | None = None,
+) -> list[datetime]:
+    """When each catch-up fire is released, given as (its due instant, its job's id), in the
+    order given: ``per_s`` a second, one every ``1 / per_s`` seconds, the oldest due first
+    (across jobs: the job's id breaks ties, so a job with many missed slots does not go before
+    the others' older ones), from ``now`` or one step after ``after`` (the last instant already
+    paced, still ahead), whichever is later; never before a fire's own due instant. A budget
+    ``per_s`` of 0 paces nothing: each is released at its due instant."""
+    if per_s <= 0:
+        return [due for due, _ in fires]
+    step_s = 1.0 / per_s
+    start = now if after is None else max(now, after + timedelta(seconds=step_s))
+    order = sorted(range(len(fires)), key=lambda k: fires[k])
+    paced: list[datetime] = [now] * len(fires)
+    for rank, k in enumerate(order):
+        # From the start each time (not step by step): no rounding drifts over a long backlog.
+        paced[k] = max(fires[k][0], start + timedelta(seconds=rank * step_s))
+    return paced
 
 
 def fires_kept(misfire_policy: str, run_all_max: int) -> int:

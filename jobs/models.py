@@ -289,6 +289,11 @@ class JobExecution(models.Model):
     # NULL (not "") means unclaimed: a claim is "UPDATE ... WHERE claim_token IS NULL".
     claim_token = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     cancel_requested = models.BooleanField(default=False)
+    # A run_all fire the leader wrote for a slot missed past its grace, released on the catch-up
+    # budget (its run_after is paced, not its due instant): on-time fires do not supersede it.
+    # A default in the database too: a writer that lists its columns (an INSERT of its own)
+    # writes an ordinary run.
+    catch_up = models.BooleanField(default=False, db_default=False)
     reason = models.CharField(max_length=255, blank=True, default="")  # why skipped/lost/cancelled
     triggered_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -16,6 +16,8 @@ process, and served from memory between, so a scrape every few seconds, or sever
 servers, cost the database one such count a minute. Runs pending, running or awaiting a retry are
 few (bounded by the backlog) and counted at every scrape, through the status indexes.
 - ``scheduler_executions_late``                    pending runs due more than 1 s ago, unstarted
+- ``scheduler_executions_catch_up``                pending runs for missed slots still waiting their
+                                                   turn on the catch-up budget (a backlog draining)
 - ``scheduler_leader_term``                        the open term (0 without a leader)
 - ``scheduler_leader{node}``                       1 for the node holding it
 - ``scheduler_terms{end_reason}``                  terms by how they ended (``open`` for the current)
@@ -119,6 +121,16 @@ class ClusterCollector(Collector):
             ).count(),
         )
         yield late
+
+        catch_up = GaugeMetricFamily(
+            "scheduler_executions_catch_up",
+            "Pending runs for missed slots waiting their turn on the catch-up budget",
+        )
+        catch_up.add_metric(
+            [],
+            JobExecution.objects.filter(status=ExecutionStatus.PENDING, catch_up=True).count(),
+        )
+        yield catch_up
 
         open_term = (
             LeadershipTerm.objects.filter(partition=0, ended_at__isnull=True)

@@ -94,6 +94,7 @@ def test_the_series_after_runs_a_leader_and_nodes(settings):
     assert value(text, 'scheduler_executions{status="pending"}') == 1
     assert value(text, 'scheduler_job_executions{job="nightly",status="failed"}') == 1
     assert value(text, "scheduler_executions_late") == 1
+    assert value(text, "scheduler_executions_catch_up") == 0
     assert value(text, "scheduler_leader_term") == 7
     assert value(text, 'scheduler_leader{node="n1"}') == 1
     assert value(text, 'scheduler_terms{end_reason="node_died"}') == 1

@@ -13,7 +13,9 @@
   ``run_all_max`` for ``run_all``) and the older are skipped as superseded. A superseded skip needs
   that many later fires due when it was decided (whatever became of them), and a fire whose body
   started while that many were due (beyond the moment an admission takes) should have been
-  superseded;
+  superseded. A catch-up run (``run_all``'s run for a slot missed past the grace, released on the
+  catch-up budget) is judged on the later catch-up fires of its job alone: the on-time fires that
+  fall due while it waits for its turn do not supersede it;
 - ``schedule_edit``: after an operator changes a job's interval, from the first slot after the
   edit's commit, the job fires exactly the slots of the new interval (none of the old one).
 
@@ -264,13 +266,15 @@ def superseded(history: History, index: Index, config: CheckConfig) -> list[Viol
         def due_later(row: Execution, due_by: float, rows: list[Execution] = rows) -> int:
             """Later fires of the job written and due by ``due_by``, whatever became of them. A
             fire is due at its slot (the chaos jobs have no spread), whatever its run_after
-            became: a fire handed back to wait for a lock service is due all the same."""
+            became: a fire handed back to wait for a lock service is due all the same. A
+            catch-up run counts the later catch-up fires only."""
             return sum(
                 1
                 for later in rows
                 if later.scheduled_for > row.scheduled_for
                 and later.scheduled_for <= due_by
                 and later.created_at <= due_by
+                and (later.catch_up or not row.catch_up)
             )
 
         for row in rows:

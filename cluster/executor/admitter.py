@@ -91,9 +91,14 @@ class Admitter:
         newer = gather.newer_due(batch, now=host.now())
         candidates: list[Scheduled] = []
         for item in batch:
-            newer_due = newer.get(item.execution.pk, 0)
+            newer_due, newer_catch_up_due = newer.get(item.execution.pk, (0, 0))
             facts = gather.facts(
-                item.execution, due=item.due, now=now, claiming=host.claiming, newer_due=newer_due
+                item.execution,
+                due=item.due,
+                now=now,
+                claiming=host.claiming,
+                newer_due=newer_due,
+                newer_catch_up_due=newer_catch_up_due,
             )
             if admission.decided_without_the_job(facts) or not host.claiming:
                 self.apply(item.execution, admission.admit(facts))
@@ -151,6 +156,7 @@ class Admitter:
             execution = item.execution
             state, lock = locks.get(execution.pk, (Lock.NOT_NEEDED, None))
             blocker = blockers.get(execution.job_id)
+            newer_due, newer_catch_up_due = newer.get(execution.pk, (0, 0))
             decision = admission.admit(
                 gather.facts(
                     execution,
@@ -162,7 +168,8 @@ class Admitter:
                     older_waiting=execution.pk in older,
                     older_unclaimed=older.get(execution.pk, False),
                     seen_blocker=item.seen_blocker,
-                    newer_due=newer.get(execution.pk, 0),
+                    newer_due=newer_due,
+                    newer_catch_up_due=newer_catch_up_due,
                 )
             )
             item.seen_blocker = blocker.execution_id if blocker is not None else None

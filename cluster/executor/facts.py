@@ -64,6 +64,7 @@ def facts(
         claiming=claiming,
         misfire_policy=job.misfire_policy,
         run_all_max=job.run_all_max,
+        catch_up=execution.catch_up,
         **gathered,
     )
 
@@ -80,13 +81,14 @@ def may_be_overtaken(execution: JobExecution, *, now: datetime) -> bool:
     )
 
 
-def newer_due(items: list[Scheduled], *, now: datetime) -> dict[int, int]:
+def newer_due(items: list[Scheduled], *, now: datetime) -> dict[int, tuple[int, int]]:
     """Per fire of ``items`` late enough to have been overtaken: how many later fires of its job
     are due (their slot plus the job's spread has passed), whatever became of them: waiting (a
     fire handed back to wait for a lock service is due all the same), running or done already
-    (the job moved on without this one), or skipped. One query, bounded by how late the late
-    fires are, and none at all while every fire is on time (the usual case: fires are admitted
-    just ahead of their instant)."""
+    (the job moved on without this one), or skipped; and how many of those are catch-up fires
+    (what a catch-up run is judged on). One query, bounded by how late the late fires are, and
+    none at all while every fire is on time (the usual case: fires are admitted just ahead of
+    their instant)."""
     late = [i.execution for i in items if may_be_overtaken(i.execution, now=now)]
     if not late:
         return {}
@@ -99,23 +101,23 @@ def newer_due(items: list[Scheduled], *, now: datetime) -> dict[int, int]:
             scheduled_for__lte=now,  # the spread only adds to it
         )
         .order_by()
-        .values_list("job_id", "scheduled_for")
+        .values_list("job_id", "scheduled_for", "catch_up")
     )
-    counts: dict[int, int] = {}
+    counts: dict[int, tuple[int, int]] = {}
     for execution in late:
         job = execution.job
         spread = timedelta(
             seconds=spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
         )
-        later = sum(
-            1
-            for job_id, scheduled_for in later_fires
+        later = [
+            catch_up
+            for job_id, scheduled_for, catch_up in later_fires
             if job_id == execution.job_id
             and scheduled_for > execution.scheduled_for
             and scheduled_for + spread <= now
-        )
+        ]
         if later:
-            counts[execution.pk] = later
+            counts[execution.pk] = (len(later), sum(later))
     return counts
 
 
@@ -206,8 +208,10 @@ def blockers(
 
 def older_waiting(items: list[Scheduled], *, now: datetime) -> dict[int, bool]:
     """The runs of ``items`` behind an earlier fire of the same job that is due and not started:
-    that one goes first (catch-up runs keep their order). Maps each such run to whether one of
-    those earlier fires is held by no node. One query."""
+    that one goes first (catch-up runs keep their order, and a catch-up run whose paced instant
+    has come goes before its job's on-time fire: a forbid job's runs go one at a time, oldest
+    first). Maps each such run to whether one of those earlier fires is held by no node. One
+    query."""
     if not items:
         return {}
     pending = list(

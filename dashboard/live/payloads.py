@@ -102,12 +102,14 @@ def cluster_payload() -> dict[str, Any]:
 
 
 def counts_payload(*, now: datetime) -> dict[str, int]:
-    """Four indexed counts (not one aggregate, which would scan the table)."""
+    """Five indexed counts (not one aggregate, which would scan the table). ``catch_up``: the
+    missed runs still waiting for their turn on the catch-up budget (a backlog draining)."""
     executions = JobExecution.objects
     pending = executions.filter(status=ExecutionStatus.PENDING)
     return {
         "running": executions.filter(status=ExecutionStatus.RUNNING).count(),
         "queued": pending.count(),
+        "catch_up": pending.filter(catch_up=True).count(),
         "late": pending.filter(run_after__lt=now - timedelta(seconds=LATE_AFTER_S)).count(),
         "failed_last_hour": executions.filter(
             status__in=FAILED_STATES, finished_at__gte=now - FAILED_WINDOW

@@ -90,9 +90,12 @@ def new_fire(
     due: datetime | None = None,
     status: str = S.PENDING,
     reason: str = "",
+    catch_up: bool = False,
 ) -> JobExecution:
     """A scheduled fire of ``job`` for ``slot``, due at ``due`` (its plan's: the slot plus the job's
-    spread; by default computed here) (unsaved; ``create_fires`` stores a batch)."""
+    spread; by default computed here) (unsaved; ``create_fires`` stores a batch). ``catch_up``: a
+    run for a slot missed past the grace, released on the catch-up budget (the leader paces its
+    ``run_after`` before storing it)."""
     if status not in (S.PENDING, S.SKIPPED):
         raise ValueError(f"a fire is created pending or skipped, not {status}")
     if due is None:
@@ -108,6 +111,7 @@ def new_fire(
         queue=job.queue,
         priority=job.priority,
         term=term,
+        catch_up=catch_up,
         reason=reason[:REASON_MAX_CHARS],
         finished_at=now if status == S.SKIPPED else None,
         created_at=now,
@@ -277,6 +281,7 @@ def create_enqueued(
         "queue": job.queue,
         "node": "",
         "cancel_requested": False,
+        "catch_up": False,
         "reason": "",
         "triggered_by_id": getattr(triggered_by, "pk", None),
         "created_at": stamp,

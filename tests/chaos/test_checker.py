@@ -600,6 +600,35 @@ def run_all_beyond_its_bound(h: History) -> None:
     h.jobs[0] = dataclasses.replace(h.jobs[0], run_all_max=3)
 
 
+def run_all_paced_catch_up(h: History) -> None:
+    """run_all_max 2: the tick at T0 + 7.5 wrote slots 6 and 7 as catch-up runs, paced on a slow
+    budget: they started at T0 + 9.55 and 9.7, after the on-time slots 8 and 9 had run. A catch-up
+    run is judged on the later catch-up fires of its job only."""
+    _after_a_cluster_stop(h, "run_all", ran=(6, 7))
+    h.jobs[0] = dataclasses.replace(h.jobs[0], run_all_max=2)
+    for n, k in enumerate((6, 7)):
+        start = T0 + 9.55 + 0.15 * n
+        row = _replace_row(
+            h,
+            1,
+            k,
+            catch_up=True,
+            run_after=start,
+            claimed_at=start - 0.3,
+            started_at=start,
+            finished_at=start + 0.1,
+        )
+        _move_effect(h, row.id, "start", start + 0.001)
+        _move_effect(h, row.id, "end", start + 0.05)
+
+
+def run_all_late_runs_not_catch_up(h: History) -> None:
+    """The same runs, not marked catch-up: slot 6 started with slots 7 and 8 due."""
+    run_all_paced_catch_up(h)
+    for k in (6, 7):
+        _replace_row(h, 1, k, catch_up=False)
+
+
 def run_all_skipped_some(h: History) -> None:
     _after_a_cluster_stop(h, "run_all", ran=(6, 7))
 
@@ -998,6 +1027,15 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     ("run_all after a stop", run_all_ran_all, {}),
     ("run_all under its bound", run_all_under_its_bound, {}),
     ("run_all beyond its bound", run_all_beyond_its_bound, {}),
+    ("run_all catch-up paced", run_all_paced_catch_up, {}),
+    (
+        "run_all late runs not catch-up",
+        run_all_late_runs_not_catch_up,
+        {
+            c.MISFIRE_POLICY: "slot 08:00:06.000Z started (marked running) at 08:00:09.550Z "
+            "with 2 later fires already due"
+        },
+    ),
     ("run_all skipped some", run_all_skipped_some, {c.MISFIRE_POLICY: "expected the newest 5"}),
     ("misfire at run time", misfire_at_run_time, {}),
     ("skip on the grace", skip_on_the_grace, {}),

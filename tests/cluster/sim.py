@@ -299,8 +299,13 @@ class SimCluster:
         runner, executor = node.runner, node.runner.executor
         now = self.clock.monotonic()
         for loop in node.loops:
-            wake = (loop.name == "claim" and runner._wake_claim.is_set()) or (
-                loop.name == "leader" and runner._wake_leader.is_set()
+            # A loop woken as its thread would be: the claimer by new fires, the leader by a
+            # change, the starter by a claim (it sleeps until its next batch otherwise, and a run
+            # claimed meanwhile for an earlier instant would wait for that batch).
+            wake = (
+                (loop.name == "claim" and runner._wake_claim.is_set())
+                or (loop.name == "leader" and runner._wake_leader.is_set())
+                or (loop.name == "starter" and executor.starter.woken.is_set())
             )
             passes = 0
             while (loop.next_at <= now or wake) and passes < MAX_PASSES_PER_STEP:
@@ -308,6 +313,8 @@ class SimCluster:
                     runner._wake_claim.clear()
                 elif loop.name == "leader":
                     runner._wake_leader.clear()
+                elif loop.name == "starter":
+                    executor.starter.woken.clear()
                 wake = False
                 delay = self._pass(node, loop)
                 loop.next_at = now + delay

@@ -46,6 +46,16 @@ EXPIRING = Blocker(started_at=DUE - 0.5, certain=False)  # its node stopped rene
 SILENT = Blocker(started_at=DUE - 0.5, certain=False, silent=True)  # frozen, not yet declared dead
 
 
+# A catch-up run of a run_all job (run_all_max 10) whose slot passed 100 s ago, paced to DUE.
+CATCH_UP = {
+    "catch_up": True,
+    "misfire_policy": "run_all",
+    "run_all_max": 10,
+    "due_instant": DUE - 100,
+    "runnable_since": DUE,
+}
+
+
 def facts(**changes: object) -> Facts:
     return dataclasses.replace(BASE, **changes)
 
@@ -242,6 +252,37 @@ CASES = [
         "stale-wins-over-superseded",
         facts(now=DUE + GRACE + 1, runnable_since=DUE, newer_due=5),
         Skip(REASON_MISFIRE_STALE.format(grace=GRACE)),
+    ),
+    # A catch-up run: its slot 100 s past, released on the budget at DUE (its paced run_after).
+    (
+        "catch-up-is-not-superseded-by-the-on-time-fires-due-while-it-waited",
+        facts(**CATCH_UP, newer_due=100, newer_catch_up_due=3),
+        Start(),
+    ),
+    (
+        "catch-up-beyond-its-bound-among-catch-up-fires-is-superseded",
+        facts(**CATCH_UP, newer_due=100, newer_catch_up_due=10),
+        Skip(REASON_SUPERSEDED.format(policy="run_all")),
+    ),
+    (
+        "catch-up-is-stale-from-its-paced-instant-not-its-slot",
+        facts(**{**CATCH_UP, "now": DUE + GRACE - 0.5}, newer_due=100),
+        Start(),
+    ),
+    (
+        "catch-up-not-started-within-the-grace-of-its-paced-instant-is-stale",
+        facts(**{**CATCH_UP, "now": DUE + GRACE + 0.5}),
+        Skip(REASON_MISFIRE_STALE.format(grace=GRACE)),
+    ),
+    (
+        "catch-up-waits-for-an-on-time-run-of-its-job-that-took-the-lock",
+        facts(**CATCH_UP, lock=Lock.TAKEN, blocker=ACTIVE_AFTER, newer_due=100),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "an-on-time-fire-is-superseded-by-later-fires-as-before",
+        facts(**{**CATCH_UP, "catch_up": False}, newer_due=10, newer_catch_up_due=0),
+        Skip(REASON_SUPERSEDED.format(policy="run_all")),
     ),
     (
         "buffer-one-free",

@@ -246,6 +246,89 @@ def test_slots_within_the_grace_period_are_not_a_misfire():
     assert (result.fired, result.skipped) == (3, 0)
 
 
+# --- catch-up on a budget ----------------------------------------------------------------------------
+
+MS = timedelta(milliseconds=1)
+
+
+def run_all_job(name: str, **fields: object) -> Job:
+    return make_job(
+        name,
+        misfire_policy=MisfirePolicy.RUN_ALL,
+        misfire_grace_seconds=5,
+        run_all_max=3,
+        **fields,
+    )
+
+
+def test_catch_up_runs_are_paced_oldest_slot_first_across_jobs():
+    a, b = run_all_job("a"), run_all_job("b")
+
+    result = scheduler_tick(term=TERM, now=LATE_NOW, catch_up_per_s=10)
+
+    paced = sorted(
+        JobExecution.objects.filter(status=S.PENDING), key=lambda e: (e.run_after, e.job_id)
+    )
+    # Slot by slot, each slot's runs by job: a job's backlog never goes before the others' older.
+    assert [(e.job_id, e.scheduled_for) for e in paced] == [
+        (job.pk, slot) for slot in MISSED[-3:] for job in (a, b)
+    ]
+    assert [e.run_after for e in paced] == [LATE_NOW + k * 100 * MS for k in range(6)]
+    assert all(e.catch_up for e in paced)
+    assert not any(e.catch_up for e in JobExecution.objects.filter(status=S.SKIPPED))
+    assert (result.fired, result.caught_up) == (6, 6)
+    assert result.catch_up_until == LATE_NOW + 500 * MS
+
+
+def test_a_later_tick_paces_after_the_runs_already_paced():
+    """A second tick (another batch, or a new leader) continues the stream: it reads the latest
+    instant from the pending catch-up rows, so two backlogs never go side by side."""
+    run_all_job("a")
+    scheduler_tick(term=TERM, now=LATE_NOW, catch_up_per_s=10)
+    late_job = run_all_job("late", now=LATE_NOW)
+    Job.objects.filter(pk=late_job.pk).update(next_fire_at=MISSED[0])
+
+    scheduler_tick(term=TERM + 1, now=LATE_NOW + 50 * MS, catch_up_per_s=10)
+
+    assert [e.run_after for e in rows(late_job, S.PENDING)] == [
+        LATE_NOW + k * 100 * MS for k in (3, 4, 5)
+    ]
+
+
+def test_each_partition_paces_its_own_jobs_from_its_own_rows():
+    """Partition 1's leader does not continue after partition 0's stream: each paces its share."""
+    run_all_job("a")
+    scheduler_tick(term=TERM, now=LATE_NOW, catch_up_per_s=10)
+    other = run_all_job("b")
+    Job.objects.filter(pk=other.pk).update(partition=1)
+
+    scheduler_tick(term=TERM, now=LATE_NOW, catch_up_per_s=10, partition=1)
+
+    assert [e.run_after for e in rows(other, S.PENDING)] == [
+        LATE_NOW + k * 100 * MS for k in range(3)
+    ]
+
+
+def test_without_a_budget_catch_up_runs_are_ordinary_late_fires():
+    job = run_all_job("a")
+
+    scheduler_tick(term=TERM, now=LATE_NOW, catch_up_per_s=0)
+
+    pending = rows(job, S.PENDING)
+    assert [e.run_after for e in pending] == MISSED[-3:]
+    assert not any(e.catch_up for e in pending)
+
+
+@pytest.mark.parametrize("policy", [MisfirePolicy.RUN_ONCE, MisfirePolicy.SKIP])
+def test_other_policies_have_no_catch_up_to_pace(policy):
+    job = make_job(misfire_policy=policy, misfire_grace_seconds=5)
+
+    result = scheduler_tick(term=TERM, now=LATE_NOW, catch_up_per_s=10)
+
+    assert result.caught_up == 0
+    assert all(e.run_after == e.scheduled_for and not e.catch_up for e in rows(job))
+
+
 # A 1 s job not scheduled for a day: 86,401 late slots T0 .. T0 + 1 day.
 DAY = timedelta(days=1)
 HUGE_GAP_NOW = T0 + DAY + 0.5 * SECOND

@@ -123,7 +123,13 @@ def test_viewer_gets_hello_cluster_and_counts(make_user: Callable[..., Any]) -> 
         }
         assert counts == {
             "type": "counts",
-            "data": {"running": 0, "queued": 0, "late": 0, "failed_last_hour": 0},
+            "data": {
+                "running": 0,
+                "queued": 0,
+                "catch_up": 0,
+                "late": 0,
+                "failed_last_hour": 0,
+            },
             "ts": counts["ts"],
         }
         assert live.is_running()

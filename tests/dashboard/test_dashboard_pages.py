@@ -337,7 +337,13 @@ def test_pages_render_their_empty_states(login, db):
         for text in texts:
             assert text in response.content.decode(), (path, text)
     stats = browser.get("/dashboard/stats.json").json()
-    assert stats["counts"] == {"running": 0, "queued": 0, "late": 0, "failed_last_hour": 0}
+    assert stats["counts"] == {
+        "running": 0,
+        "queued": 0,
+        "catch_up": 0,
+        "late": 0,
+        "failed_last_hour": 0,
+    }
     assert stats["cluster"]["nodes"] == [] and stats["cluster"]["leader"] is None
 
 
@@ -699,7 +705,13 @@ def test_audit_log_shows_changes_as_before_and_after(login, data):
 
 def test_stats_json_counts_and_chart_buckets(login, data):
     stats = login("viewer").get("/dashboard/stats.json").json()
-    assert stats["counts"] == {"running": 1, "queued": 1, "late": 0, "failed_last_hour": 1}
+    assert stats["counts"] == {
+        "running": 1,
+        "queued": 1,
+        "catch_up": 0,
+        "late": 0,
+        "failed_last_hour": 1,
+    }
     buckets = stats["minutes"]["buckets"]
     outcomes = {}
     for bucket in buckets:

@@ -187,7 +187,9 @@ def test_a_poll_sends_only_what_changed() -> None:
     make_executions(2)
     frames = frames_of(poll(state))
     assert len(frames["executions"][0]) == 2
-    assert frames["counts"] == [{"running": 0, "queued": 2, "late": 0, "failed_last_hour": 0}]
+    assert frames["counts"] == [
+        {"running": 0, "queued": 2, "catch_up": 0, "late": 0, "failed_last_hour": 0}
+    ]
 
     job_delete(job_id=job.pk, by=SYSTEM)
     assert frames_of(poll(state))["jobs_deleted"] == [[job.pk]]
@@ -217,7 +219,7 @@ def test_counts() -> None:
     now = timezone.now()
     ids = make_executions(6)
     late = now - timedelta(seconds=live_protocol.LATE_AFTER_S + 1)
-    JobExecution.objects.filter(pk=ids[0]).update(run_after=late)
+    JobExecution.objects.filter(pk=ids[0]).update(run_after=late, catch_up=True)
     JobExecution.objects.filter(pk=ids[1]).update(status=S.RUNNING)
     JobExecution.objects.filter(pk__in=ids[2:4]).update(status=S.FAILED, finished_at=now)
     JobExecution.objects.filter(pk=ids[4]).update(
@@ -227,6 +229,7 @@ def test_counts() -> None:
     assert live.counts_payload(now=now) == {
         "running": 1,
         "queued": 1,
+        "catch_up": 1,
         "late": 1,
         "failed_last_hour": 2,
     }

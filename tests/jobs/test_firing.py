@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,6 +20,7 @@ from jobs.firing import (
     Schedule,
     fires_kept,
     first_fire,
+    pace_catch_up,
     plan_fires,
 )
 from jobs.models import MisfirePolicy
@@ -307,3 +310,68 @@ def test_first_fire_of_a_jobs_values_matches_the_service():
 )
 def test_fires_kept_when_several_are_due_at_once(policy, run_all_max, kept):
     assert fires_kept(policy, run_all_max) == kept
+
+
+# --- catch-up --------------------------------------------------------------------------------------------
+
+MS = timedelta(milliseconds=1)
+
+
+@pytest.mark.parametrize(
+    ("policy", "catch_up"),
+    [("run_all", [True] * 6), ("run_once", [False]), ("skip", [])],
+)
+def test_only_run_alls_runs_for_missed_slots_are_catch_up(policy, catch_up):
+    plan = plan_fires(
+        EVERY_MINUTE,
+        Policy(misfire_policy=policy, run_all_max=10),
+        next_fire_at=MISSED[0],
+        now=LATE,
+        horizon=LATE + 60 * S,
+    )
+    missed = [f for f in plan.fires if f.slot <= LATE and f.skip_reason is None]
+    assert [f.catch_up for f in missed] == catch_up
+    # The on-time fire after them is not.
+    assert [f.catch_up for f in plan.fires if f.slot > LATE] == [False]
+    assert not any(f.catch_up for f in plan.fires if f.skip_reason is not None)
+
+
+NOW = T0 + 100 * S
+
+
+@pytest.mark.parametrize(
+    ("fires", "per_s", "after", "expected"),
+    [
+        # Oldest due first across jobs; a tie on the due instant goes by job id.
+        (
+            [(T0 + 2 * S, 1), (T0, 2), (T0 + S, 1), (T0, 1)],
+            50,
+            None,
+            [NOW + 60 * MS, NOW + 20 * MS, NOW + 40 * MS, NOW],
+        ),
+        # Continuing one step after the last instant already paced, still ahead of now.
+        ([(T0, 1), (T0 + S, 1)], 10, NOW + 3 * S, [NOW + 3100 * MS, NOW + 3200 * MS]),
+        # A paced instant already past: from now.
+        ([(T0, 1), (T0 + S, 1)], 10, NOW - 3 * S, [NOW, NOW + 100 * MS]),
+        # No budget: each at its due instant.
+        ([(T0, 1), (T0 + S, 2)], 0, NOW + 3 * S, [T0, T0 + S]),
+        # Never before its own due instant (a fire not yet due).
+        ([(NOW + S, 1)], 10, None, [NOW + S]),
+        ([], 50, None, []),
+    ],
+)
+def test_catch_up_fires_are_paced_oldest_first(fires, per_s, after, expected):
+    assert pace_catch_up(fires, per_s=per_s, now=NOW, after=after) == expected
+
+
+@pytest.mark.parametrize("per_s", [50, 7, 0.5, 1000])
+def test_a_paced_backlog_releases_at_most_its_budget_in_any_second(per_s):
+    """2,000 fires of 200 jobs: the instants are 1 / per_s apart, so any half-open window of one
+    second holds at most ceil(per_s) of them."""
+    fires = [(T0 + k * S, job) for job in range(200) for k in range(10)]
+    paced = sorted(pace_catch_up(fires, per_s=per_s, now=NOW))
+    assert paced[0] == NOW
+    assert abs((paced[-1] - paced[0]).total_seconds() - (len(fires) - 1) / per_s) < 1e-5
+    # Every window [a released instant, one second later) holds at most ceil(per_s) of them.
+    for start, instant in enumerate(paced):
+        assert bisect.bisect_left(paced, instant + S) - start <= math.ceil(per_s)

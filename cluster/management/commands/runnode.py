@@ -50,6 +50,7 @@ FLAGS = {
     "DRAIN_GRACE_S": "grace",
     "DB_CONTROL_LIMIT_S": "db_control_limit_s",
     "BEHIND_WARN_S": "behind_warn_s",
+    "CATCH_UP_PER_S": "catch_up_per_s",
     "METRICS_PORT": "metrics_port",
     "METRICS_HOST": "metrics_host",
     "CPUS": "cpus",
@@ -115,6 +116,13 @@ class Command(BaseCommand):
             "The leader warns once when fires or claims fall this far behind schedule",
         )
         knob(
+            "--catch-up-per-s",
+            "CATCH_UP_PER_S",
+            float,
+            "Runs released a second from misfire catch-up (run_all's missed slots), across the "
+            "cluster; 0: no bound",
+        )
+        knob(
             "--metrics-port",
             "METRICS_PORT",
             int,
@@ -156,6 +164,7 @@ class Command(BaseCommand):
                 grace_s=knobs["DRAIN_GRACE_S"],
                 db_control_limit_s=knobs["DB_CONTROL_LIMIT_S"],
                 behind_warn_s=knobs["BEHIND_WARN_S"],
+                catch_up_per_s=knobs["CATCH_UP_PER_S"],
                 election=ElectionConfig(
                     lease_ttl_ms=knobs["LEASE_TTL_MS"],
                     renew_deadline_ms=knobs["RENEW_DEADLINE_MS"],
