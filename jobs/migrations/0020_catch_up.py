@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0017_notification_recovered_late'),
+        ('jobs', '0019_flow_control'),
     ]
 
     operations = [
