@@ -20,7 +20,8 @@ from django.contrib.auth.hashers import is_password_usable
 from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 
 from jobs import notifications, queues, services, tokens
 from jobs.definition import RULES, WRITABLE_FIELDS
@@ -161,9 +162,27 @@ class JobAdmin(RoleAdminMixin, admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
         services.job_delete(job_id=obj.pk, by=admin_actor(request))
 
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # A job another job chains to is not deleted from under it: say so on the job's page.
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except services.ActionNotAllowed as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(
+                reverse("admin:jobs_job_change", args=[unquote(object_id)])
+            )
+
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        refused = []
         for job_id in queryset.values_list("pk", flat=True):
-            services.job_delete(job_id=job_id, by=admin_actor(request))
+            try:
+                services.job_delete(job_id=job_id, by=admin_actor(request))
+            except services.ActionNotAllowed as exc:
+                refused.append(str(exc))
+        for reason in refused:
+            self.message_user(request, reason, messages.ERROR)
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Job], service: Any, verb: str) -> None:
         count = 0

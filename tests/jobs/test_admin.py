@@ -657,3 +657,39 @@ def test_admin_sets_a_queue_and_an_operator_pauses_it_audited(staff, objects):
     assert response.status_code == 302
     assert Queue.objects.get(name="reports").paused is True
     assert AuditEvent.objects.filter(action="queue.pause", object_id="reports").exists()
+
+
+def test_a_job_another_chains_to_is_not_deleted_from_the_admin(staff, objects):
+    from jobs import services
+
+    target = services.job_create(
+        data={
+            "name": "chained-to",
+            "task": "noop",
+            "schedule_type": "interval",
+            "interval_seconds": 60,
+        },
+        by=services.SYSTEM,
+    )
+    services.job_create(
+        data={
+            "name": "chains-it",
+            "task": "noop",
+            "schedule_type": "interval",
+            "interval_seconds": 60,
+            "on_success": ["chained-to"],
+        },
+        by=services.SYSTEM,
+    )
+    client = staff("admin")
+    response = client.post(f"{JOB_URL}{target.pk}/delete/", {"post": "yes"}, follow=True)
+    assert response.status_code == 200
+    assert Job.objects.filter(pk=target.pk).exists()
+    assert "chains-it" in response.content.decode()
+    response = client.post(
+        JOB_URL,
+        {"action": "delete_selected", "_selected_action": [target.pk], "post": "yes"},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert Job.objects.filter(pk=target.pk).exists()
