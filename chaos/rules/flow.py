@@ -143,7 +143,10 @@ def _bodies_at_once(history: History, index: Index, limits: dict[str, int]) -> l
         if effect.event != "start" or effect.job_id not in jobs:
             continue
         job = jobs[effect.job_id]
-        stop = ends.get(effect.execution_id, end_of_run)
+        # A body with no end line was killed with its node: it ended by the time its run was
+        # declared over.
+        row = index.rows.get(effect.execution_id)
+        stop = ends.get(effect.execution_id) or (row.finished_at if row else None) or end_of_run
         events.append((effect.at, 1, effect.execution_id, job.id, job.queue))
         events.append((stop, 0, effect.execution_id, job.id, job.queue))
     events.sort(key=lambda event: (event[0], event[1]))
