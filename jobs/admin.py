@@ -170,9 +170,7 @@ class JobAdmin(RoleAdminMixin, admin.ModelAdmin):
             return super().delete_view(request, object_id, extra_context)
         except services.ActionNotAllowed as exc:
             self.message_user(request, str(exc), messages.ERROR)
-            return HttpResponseRedirect(
-                reverse("admin:jobs_job_change", args=[unquote(object_id)])
-            )
+            return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[unquote(object_id)]))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         refused = []
@@ -225,11 +223,33 @@ class JobAdmin(RoleAdminMixin, admin.ModelAdmin):
         self._each(request, queryset, services.job_trigger, "Triggered")
 
 
+class QueueAdminForm(forms.ModelForm):
+    """The same checks as the API's, each error on its field (nothing written)."""
+
+    class Meta:
+        model = Queue
+        fields = ["name", "max_concurrent", "rate_limit", "rate_period_seconds", "paused"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        checks = [lambda: queues.clean_settings({k: data[k] for k in queues.SETTINGS if k in data})]
+        if "name" in self.fields:
+            checks.append(lambda: queues.check_name(data.get("name")))
+        for check in checks:
+            try:
+                check()
+            except JobValidationError as exc:
+                for field, messages_ in exc.errors.items():
+                    self.add_error(field if field in self.fields else None, " ".join(messages_))
+        return data
+
+
 @admin.register(Queue)
 class QueueAdmin(RoleAdminMixin, admin.ModelAdmin):
     """A queue's flow control (admins edit; operators pause and resume); each change audited
     through the same service as the API's."""
 
+    form = QueueAdminForm
     list_display = ["name", "max_concurrent", "rate_limit", "rate_period_seconds", "paused"]
     list_filter = ["paused"]
     search_fields = ["name"]
@@ -243,6 +263,13 @@ class QueueAdmin(RoleAdminMixin, admin.ModelAdmin):
         data = {field: form.cleaned_data[field] for field in queues.SETTINGS}
         saved = queues.queue_set(name=obj.name, data=data, by=admin_actor(request), partial=False)
         obj.updated_at = saved.updated_at
+
+    def delete_model(self, request: HttpRequest, obj: Queue) -> None:
+        queues.queue_delete(name=obj.name, by=admin_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        for name in queryset.values_list("name", flat=True):
+            queues.queue_delete(name=name, by=admin_actor(request))
 
     @admin.action(description="Pause selected queues", permissions=["operate"])
     def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:

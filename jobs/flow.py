@@ -32,9 +32,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import Count
 
@@ -45,10 +45,11 @@ S = ExecutionStatus
 
 # How long a node keeps the queues' settings before it reads them again (seconds).
 CONFIG_TTL_S = 1.0
-# A run held back by a concurrency limit is claimed again after this (seconds).
-CONCURRENCY_RECHECK_S = 0.5
-# Permits are kept this long after their instant, beyond any period (seconds), then deleted as
-# new ones are written.
+# A run held back by a concurrency limit is due again after this (seconds): longer than a node's
+# claim look-ahead, so it is not claimed back at once to sit in a node's timer heap.
+CONCURRENCY_RECHECK_S = 1.0
+# Permits are kept this long after their instant, or their limit's period if longer (seconds),
+# then deleted as new ones of their key are written.
 PERMITS_KEPT_S = 3600
 # A rate limit counts each window a little longer than its period (seconds): the limit is kept
 # over the release instants exactly, and over the bodies' own starts as long as a body starts
@@ -84,6 +85,11 @@ class Gate:
     held: dict[int, Held] = field(default_factory=dict)
     # The rate limits each allowed run counts against (its permits' keys), by run id.
     permits: dict[int, list[str]] = field(default_factory=dict)
+    # Each run's release instant (read once the limits' rows were locked), and that moment.
+    planned: dict[int, datetime] = field(default_factory=dict)
+    now: datetime | None = None
+    # Each rate limit's period, by key: how long its permits must be kept.
+    periods: dict[str, timedelta] = field(default_factory=dict)
 
 
 class _Config:
@@ -173,10 +179,12 @@ class _Window:
         self.instants.sort()
 
 
-def gate(runs: list[JobExecution], *, planned: dict[int, datetime], now: datetime) -> Gate:
-    """Which of ``runs`` (claimed, admitted, of limited jobs or queues) may start at their planned
-    instants, and why the others wait. Must run in the transaction that marks the allowed ones
-    running (and then ``record``): it locks the limits' rows until that commits."""
+def gate(runs: list[JobExecution], *, due: dict[int, float], clock: Callable[[], float]) -> Gate:
+    """Which of ``runs`` (claimed, admitted, of limited jobs or queues) may start, each at its due
+    instant or now if that is later (``clock``: wall-clock seconds, read once the limits' rows
+    are locked), and why the others wait. Must run in the transaction that marks the allowed ones
+    running (at ``result.planned``) and then ``record``s them: it locks the limits' rows until
+    that commits."""
     config = queues()
     result = Gate()
     queue_names = sorted(
@@ -201,11 +209,17 @@ def gate(runs: list[JobExecution], *, planned: dict[int, datetime], now: datetim
         .only("pk", "max_concurrent", "rate_limit", "rate_period_seconds")
         .order_by("pk")
     }
+    # The moment of the decision: after the locks, however long they took.
+    instant = clock()
+    now = datetime.fromtimestamp(instant, tz=UTC)
+    planned = {run.pk: datetime.fromtimestamp(max(due[run.pk], instant), tz=UTC) for run in runs}
+    result.planned, result.now = planned, now
     running_jobs = _running("job_id", [pk for pk, job in locked_jobs.items() if job.max_concurrent])
     running_queues = _running(
         "queue", [name for name, queue in locked_queues.items() if queue.max_concurrent]
     )
     windows = _windows(locked_jobs, locked_queues, now)
+    result.periods = {key: window.period for key, window in windows.items()}
     for run in sorted(runs, key=lambda run: (planned[run.pk], run.pk)):
         at = planned[run.pk]
         queue = locked_queues.get(run.queue)
@@ -293,8 +307,8 @@ def _windows(jobs: dict[int, Job], queues_: dict[str, Queue], now: datetime) -> 
     if not limits:
         return {}
     # Runs are released at most a look-ahead after ``now``; a window reaching back one period
-    # before now covers every permit that can count.
-    longest = max(period for _, period in limits.values())
+    # (and the margin) before now covers every permit that can count.
+    longest = max(period for _, period in limits.values()) + timedelta(seconds=RATE_MARGIN_S)
     instants: dict[str, list[datetime]] = defaultdict(list)
     for key, released_at in FlowPermit.objects.filter(
         key__in=list(limits), released_at__gt=now - longest - timedelta(seconds=5)
@@ -303,23 +317,26 @@ def _windows(jobs: dict[int, Job], queues_: dict[str, Queue], now: datetime) -> 
     return {key: _Window(limit, period, instants[key]) for key, (limit, period) in limits.items()}
 
 
-def record(gate: Gate, won: set[int], *, planned: dict[int, datetime], now: datetime) -> None:
+def record(gate: Gate, won: set[int]) -> None:
     """In the gate's transaction, for the runs it allowed that were marked running (``won``):
-    their permits (rate limits), old permits deleted, and the waiting reason cleared."""
+    their permits (rate limits), a key's permits older than its period (and PERMITS_KEPT_S)
+    deleted, and the waiting reason cleared."""
     started = [run.pk for run in gate.allowed if run.pk in won]
-    if not started:
+    if not started or gate.now is None:
         return
     permits = [
-        FlowPermit(key=key, released_at=planned[pk], execution_id=pk)
+        FlowPermit(key=key, released_at=gate.planned[pk], execution_id=pk)
         for pk in started
         for key in gate.permits.get(pk, ())
     ]
     if permits:
         FlowPermit.objects.bulk_create(permits)
-        FlowPermit.objects.filter(
-            key__in=sorted({permit.key for permit in permits}),
-            released_at__lt=now - timedelta(seconds=PERMITS_KEPT_S),
-        ).delete()
+        for key in sorted({permit.key for permit in permits}):
+            kept = max(
+                gate.periods[key] + timedelta(seconds=RATE_MARGIN_S),
+                timedelta(seconds=PERMITS_KEPT_S),
+            )
+            FlowPermit.objects.filter(key=key, released_at__lt=gate.now - kept).delete()
     JobExecution.objects.filter(pk__in=started, reason__startswith=WAITING).update(reason="")
 
 

@@ -35,6 +35,7 @@ ERR_LIMIT = "A whole number from 1 to {high}, or null (no limit)."
 ERR_PERIOD = "A whole number of seconds from 1 to {high}."
 ERR_BOOLEAN = "true or false."
 ERR_UNKNOWN = "Unknown field."
+ERR_TWICE = "This queue is in the file twice."
 ERR_NO_QUEUE = "No queue {name!r}: no job names it and nothing is set on it."
 
 _pattern = __import__("re").compile(QUEUE_PATTERN)
@@ -46,14 +47,16 @@ def check_name(name: Any) -> str:
     return name
 
 
-def clean_settings(data: Any, *, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The queue's settings from ``data`` (any of SETTINGS; the rest from ``base``, else the
-    defaults). Raises JobValidationError keyed by field, nothing written."""
+def clean_settings(
+    data: Any, *, base: dict[str, Any] | None = None, named: bool = False
+) -> dict[str, Any]:
+    """The queue's settings from ``data`` (any of SETTINGS, and its ``name`` when ``named``: a
+    file's entry; the rest from ``base``, else the defaults). Raises JobValidationError keyed by
+    field, nothing written."""
     if not isinstance(data, dict):
         raise JobValidationError({"non_field_errors": ["Expected an object."]})
-    errors: dict[str, list[str]] = {
-        key: [ERR_UNKNOWN] for key in data if key not in SETTINGS and key != "name"
-    }
+    allowed = FIELDS if named else SETTINGS
+    errors: dict[str, list[str]] = {key: [ERR_UNKNOWN] for key in data if key not in allowed}
     values = {**DEFAULTS, **(base or {})}
     for key in ("max_concurrent", "rate_limit"):
         if key not in data:
@@ -95,17 +98,19 @@ def queue_set(*, name: str, data: Any, by: Actor, partial: bool = True) -> Queue
     audited. ``partial=False``: what ``data`` leaves out goes back to its default."""
     check_name(name)
     with transaction.atomic():
-        queue = Queue.objects.select_for_update().filter(name=name).first()
-        before = settings_of(queue)
+        existing = Queue.objects.select_for_update().filter(name=name).first()
+        before = settings_of(existing)
         values = clean_settings(data, base=before if partial else None)
         changes = {k: [before[k], v] for k, v in values.items() if before[k] != v}
-        if queue is None:
-            queue = Queue.objects.create(name=name, **values)
-        elif changes:
+        # get_or_create: two first settings of one queue at once both land (one creates, the
+        # other finds it), rather than one failing on the key.
+        queue, created = Queue.objects.get_or_create(name=name, defaults=values)
+        if not created:
+            queue = Queue.objects.select_for_update().get(name=name)
             for key, value in values.items():
                 setattr(queue, key, value)
             queue.save()
-        if changes:
+        if changes or created:
             action = "queue.update"
             if set(changes) == {"paused"}:
                 action = "queue.pause" if values["paused"] else "queue.resume"
@@ -119,6 +124,24 @@ def queue_set(*, name: str, data: Any, by: Actor, partial: bool = True) -> Queue
             )
     flow.forget_config()
     return queue
+
+
+def queue_delete(*, name: str, by: Actor) -> None:
+    """Forget a queue's settings (its limits and pause go; its jobs and runs stay); audited."""
+    with transaction.atomic():
+        queue = Queue.objects.select_for_update().filter(name=name).first()
+        if queue is None:
+            return
+        audit_record(
+            by=by,
+            action="queue.delete",
+            object_type="queue",
+            object_id=name,
+            object_repr=name,
+            changes={k: [v, None] for k, v in settings_of(queue).items()},
+        )
+        queue.delete()
+    flow.forget_config()
 
 
 def queue_pause(*, name: str, by: Actor) -> Queue:
@@ -213,14 +236,19 @@ def queues_apply(definitions: Any, *, by: Actor, dry_run: bool = False) -> list[
         raise JobValidationError({"queues": ["Expected a list of queues."]})
     errors: dict[str, list[str]] = {}
     planned: list[tuple[str, Queue | None, dict[str, Any]]] = []
+    seen: set[str] = set()
     for index, item in enumerate(definitions):
         label = item.get("name") if isinstance(item, dict) and item.get("name") else f"#{index}"
         try:
             name = check_name(item.get("name") if isinstance(item, dict) else None)
-            values = clean_settings(item)
+            values = clean_settings(item, named=True)
         except JobValidationError as exc:
             errors.update((f"{label}.{k}", v) for k, v in exc.errors.items())
             continue
+        if name in seen:
+            errors[f"{label}.name"] = [ERR_TWICE]
+            continue
+        seen.add(name)
         planned.append((name, Queue.objects.filter(name=name).first(), values))
     if errors:
         raise JobValidationError(errors)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from cluster import admission
 from cluster.admission import Decision, HandBack, Lock, Skip, Start, Wait
@@ -184,8 +184,7 @@ class Admitter:
                 self.apply(execution, decision)
             settled.add(execution.pk)
         if starts:
-            self.start(starts)
-            settled.update(item.execution.pk for item, _ in starts)
+            self.start(starts, settled)
 
     def _taken(self, watchdog: LockWatchdog, taken: list[LockWatchdog]) -> None:
         """A job lock taken for this batch: owned (the keeper keeps it) until the batch is over."""
@@ -215,9 +214,17 @@ class Admitter:
             executions.hand_back(execution, run_after=run_after)
         self.forget(execution.pk)
 
-    def start(self, starts: list[tuple[Scheduled, LockWatchdog | None]]) -> None:
-        """Mark the admitted runs running (one statement) and launch them."""
-        host, books = self.host, self.books
+    def start(
+        self,
+        starts: list[tuple[Scheduled, LockWatchdog | None]],
+        settled: set[int] | None = None,
+    ) -> None:
+        """Mark the admitted runs running (one statement) and launch them. A run is put in
+        ``settled`` as soon as its fate is written: once a commit has marked it running, a
+        failure after it (the database going away) must not send it back to admission, which
+        would leave it tracked as running with no body."""
+        host = self.host
+        settled = settled if settled is not None else set()
         if not host.claiming:
             # Draining: nothing new starts; the batch goes back to the queue for another node.
             for item, lock in starts:
@@ -225,62 +232,90 @@ class Admitter:
                     host.release_lock(lock)
                 executions.hand_back(item.execution)
                 self.forget(item.execution.pk)
+                settled.add(item.execution.pk)
             return
-        # Marked running just before the due instant, in one statement whatever their instants
-        # (runs already due start now): one commit per batch, not one per run or per instant
-        # (runs of jobs spread over their interval are due microseconds apart, and a commit
-        # costs milliseconds). A row cancelled or taken meanwhile does not match and does not
-        # start.
-        now = host.clock.now()
-        planned = {
-            item.execution.pk: datetime.fromtimestamp(max(item.due, now), tz=UTC)
-            for item, _ in starts
-        }
         config = flow.queues()
-        gated = [item.execution for item, _ in starts if flow.limited(item.execution, config)]
-        held: dict[int, flow.Held] = {}
-        won: set[int] = set()
+        gated = [(item, lock) for item, lock in starts if flow.limited(item.execution, config)]
+        free = [(item, lock) for item, lock in starts if not flow.limited(item.execution, config)]
         if gated:
-            held, won = self._start_gated(gated, planned)
-        if len(gated) < len(starts):
-            gated_ids = {execution.pk for execution in gated}
-            won |= executions.start_batch(
-                [item.execution for item, _ in starts if item.execution.pk not in gated_ids],
-                planned=planned,
+            # Runs of limited jobs and queues first, in a transaction of their own: a limit's
+            # lock must not hold up the runs that have none, nor their failure these.
+            won, held = self._start_gated(gated)
+            self._launch(gated, won, held, settled)
+        if free:
+            # Marked running just before the due instant, in one statement whatever their
+            # instants (runs already due start now): one commit per batch, not one per run or
+            # per instant (runs of jobs spread over their interval are due microseconds apart,
+            # and a commit costs milliseconds). A row cancelled or taken meanwhile does not match
+            # and does not start.
+            now = host.clock.now()
+            won = executions.start_batch(
+                [item.execution for item, _ in free],
+                planned={
+                    item.execution.pk: datetime.fromtimestamp(max(item.due, now), tz=UTC)
+                    for item, _ in free
+                },
             )
+            self._launch(free, won, {}, settled)
+
+    def _launch(
+        self,
+        starts: list[tuple[Scheduled, LockWatchdog | None]],
+        won: set[int],
+        held: dict[int, flow.Held],
+        settled: set[int],
+    ) -> None:
+        """After the commit that marked ``won`` running: track and launch those, hand back the
+        ones a flow limit held, forget the ones cancelled or taken meanwhile."""
+        host, books = self.host, self.books
         runs: list[ActiveRun] = []
         for item, lock in starts:
             execution = item.execution
-            if execution.pk in held:
-                # A flow limit holds it back: it waits in the queue (not here: a claim held
-                # while waiting counts against this node's capacity), saying why.
-                if lock is not None:
-                    host.release_lock(lock)
-                hold = held[execution.pk]
-                executions.hand_back(execution, run_after=hold.run_after, reason=hold.reason)
-                self.forget(execution.pk)
-                continue
-            if execution.pk not in won:
-                logger.info("execution %s was cancelled or taken before it started", execution.pk)
-                if lock is not None:
-                    host.release_lock(lock)
-                self.forget(execution.pk)
-                continue
-            run = ActiveRun(execution=execution, due=item.due, lock=lock, epoch=item.epoch)
-            with books.lock:
-                books.track_active_locked(run)
-            runs.append(run)
+            if execution.pk in won:
+                run = ActiveRun(execution=execution, due=item.due, lock=lock, epoch=item.epoch)
+                with books.lock:
+                    books.track_active_locked(run)
+                runs.append(run)
+                settled.add(execution.pk)
         if runs:
             host.runner.launch(host, runs)
+        for item, lock in starts:
+            execution = item.execution
+            if execution.pk in won:
+                continue
+            if lock is not None:
+                host.release_lock(lock)
+            hold = held.get(execution.pk)
+            if hold is None:
+                logger.info("execution %s was cancelled or taken before it started", execution.pk)
+            else:
+                # A flow limit holds it back: it waits in the queue (not here: a claim held
+                # while waiting counts against this node's capacity), saying why. If the
+                # database does not take the hand-back, the self-audit gives the row back.
+                try:
+                    executions.hand_back(execution, run_after=hold.run_after, reason=hold.reason)
+                except DatabaseError:
+                    logger.warning(
+                        "execution %s held back (%s) could not be handed back now; the self-audit "
+                        "will",
+                        execution.pk,
+                        hold.reason,
+                        extra={"execution": execution.pk},
+                    )
+            self.forget(execution.pk)
+            settled.add(execution.pk)
 
     def _start_gated(
-        self, gated: list[JobExecution], planned: dict[int, datetime]
-    ) -> tuple[dict[int, flow.Held], set[int]]:
+        self, gated: list[tuple[Scheduled, LockWatchdog | None]]
+    ) -> tuple[set[int], dict[int, flow.Held]]:
         """The runs of limited jobs and queues through the flow gate, and those it lets through
-        marked running, in one transaction (the limits' rows stay locked until it commits)."""
-        now = self.host.now()
+        marked running, in one transaction (the limits' rows stay locked until it commits). Their
+        instants are read once the limits' rows are locked: a wait for the lock must not date a
+        release (a rate limit's permit) earlier than it happened."""
+        clock = self.host.clock
+        due = {item.execution.pk: item.due for item, _ in gated}
         with transaction.atomic():
-            decided = flow.gate(gated, planned=planned, now=now)
-            won = executions.start_batch(decided.allowed, planned=planned)
-            flow.record(decided, won, planned=planned, now=now)
-        return decided.held, won
+            decided = flow.gate([item.execution for item, _ in gated], due=due, clock=clock.now)
+            won = executions.start_batch(decided.allowed, planned=decided.planned)
+            flow.record(decided, won)
+        return won, decided.held

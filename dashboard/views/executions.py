@@ -215,7 +215,10 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
     node_map = selectors.node_pks()
     decorate_executions([execution, *chain], node_map)
     # A pending run held back by its queue's pause says so (its row need not: it is not claimed).
-    execution.reason = flow.waiting_reason(execution) or execution.reason
+    # (A "waiting:" left on a run that has since started is history, not news.)
+    waiting = flow.waiting_reason(execution)
+    if waiting or execution.reason.startswith(flow.WAITING):
+        execution.reason = waiting
     return render(
         request,
         "dashboard/executions/detail.html",

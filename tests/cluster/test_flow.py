@@ -3,6 +3,8 @@ limits over every window, a paused queue, each held run saying why it waits."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from jobs import flow
@@ -162,3 +164,62 @@ def test_a_run_claimed_before_its_queue_paused_goes_back(sim) -> None:
     assert ahead.claim_token is None
     assert ahead.reason == "waiting: queue batch paused"
     assert not [e for e in sim.starts(job) if e.execution_id == ahead.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hand_back_that_fails_after_the_gate_committed_strands_nothing(sim, monkeypatch) -> None:
+    from django.db import OperationalError
+
+    from jobs import executions
+    from jobs.services import SYSTEM, job_trigger
+
+    job = sim.create_manual_job(
+        name="one-at-a-time", concurrency_policy="allow", max_concurrent=1, kwargs={"seconds": 1}
+    )
+    real = executions.hand_back
+    failures = []
+
+    def flaky(execution, **kwargs):
+        if kwargs.get("reason") and not failures:
+            failures.append(execution.pk)
+            raise OperationalError(2013, "Lost connection to server during query")
+        return real(execution, **kwargs)
+
+    monkeypatch.setattr(executions, "hand_back", flaky)
+    first = job_trigger(job_id=job.pk, by=SYSTEM)
+    sim.clock.advance(0.001)
+    second = job_trigger(job_id=job.pk, by=SYSTEM)
+    sim.advance(40)
+    assert failures, "no hand-back was refused: the test did not try what it means to"
+    statuses = dict(
+        JobExecution.objects.filter(pk__in=[first.pk, second.pk]).values_list("pk", "status")
+    )
+    # The run let through ran (it was not sent back to admission after its commit), and the
+    # one held back was given back by the self-audit and ran after it.
+    assert statuses == {first.pk: S.SUCCEEDED, second.pk: S.SUCCEEDED}
+    assert most_at_once(run_spans([job.pk])) == 1
+
+
+@pytest.mark.django_db
+def test_permits_are_kept_for_their_whole_period() -> None:
+    from datetime import UTC, datetime
+
+    from jobs.models import FlowPermit
+
+    now = datetime(2026, 12, 6, 12, tzinfo=UTC)
+    day = timedelta(days=1)
+    FlowPermit.objects.create(key="job:1", released_at=now - timedelta(hours=5), execution_id=1)
+    FlowPermit.objects.create(
+        key="job:1", released_at=now - day - timedelta(hours=1), execution_id=2
+    )
+    gate = flow.Gate(allowed=[], permits={}, planned={}, now=now, periods={"job:1": day})
+
+    class Run:
+        pk = 3
+
+    gate.allowed = [Run()]  # type: ignore[list-item]
+    gate.permits = {3: ["job:1"]}
+    gate.planned = {3: now}
+    flow.record(gate, {3})
+    kept = sorted(FlowPermit.objects.values_list("execution_id", flat=True))
+    assert kept == [1, 3]  # 5 h old: inside the day's window; 25 h old: gone

@@ -693,3 +693,25 @@ def test_a_job_another_chains_to_is_not_deleted_from_the_admin(staff, objects):
     )
     assert response.status_code == 200
     assert Job.objects.filter(pk=target.pk).exists()
+
+
+def test_bad_queue_settings_in_the_admin_are_refused_by_field(staff, objects):
+    from jobs.models import Queue
+
+    client = staff("admin")
+    response = client.post(
+        "/admin/jobs/queue/add/",
+        {"name": "Bad Name", "max_concurrent": "0", "rate_limit": "", "rate_period_seconds": "0"},
+    )
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert {"name", "max_concurrent", "rate_period_seconds"} <= set(errors), errors
+    assert not Queue.objects.exists()
+    client.post(
+        "/admin/jobs/queue/add/",
+        {"name": "reports", "max_concurrent": "2", "rate_limit": "", "rate_period_seconds": "60"},
+    )
+    response = client.post("/admin/jobs/queue/reports/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not Queue.objects.exists()
+    assert AuditEvent.objects.filter(action="queue.delete", object_id="reports").exists()

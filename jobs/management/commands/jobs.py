@@ -131,9 +131,12 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except JobValidationError as exc:
             lines = [f"  {field}: {' '.join(reasons)}" for field, reasons in exc.errors.items()]
-            what = {"enqueue": "run(s)", "queue": "queue setting(s)"}.get(
-                action, "job definition(s)"
-            )
+            what = {
+                "enqueue": "run(s)",
+                "queue": "queue setting(s)",
+                "queue-pause": "queue",
+                "queue-resume": "queue",
+            }.get(action, "job definition(s)")
             raise CommandError(
                 f"invalid {what}, nothing written:\n" + "\n".join(lines),
                 returncode=EXIT_USAGE,
@@ -374,16 +377,18 @@ class Command(BaseCommand):
         # The jobs, then the rules (which may name jobs the file creates), in one transaction:
         # a bad rule leaves the jobs as they were too. A dry run does it all, then rolls back.
         with transaction.atomic():
+            # The queues first: a node's admission locks a queue's row before its jobs' rows, and
+            # so does this (no two transactions wait on each other).
+            queue_results = (
+                queues.queues_apply(queue_settings, by=CLI_ACTOR)
+                if queue_settings is not None
+                else []
+            )
             results = services.job_apply_definitions(
                 definitions=definitions, by=CLI_ACTOR, dry_run=False, prune=prune
             )
             rule_results = (
                 notification_rules.rules_apply(rules, by=CLI_ACTOR) if rules is not None else []
-            )
-            queue_results = (
-                queues.queues_apply(queue_settings, by=CLI_ACTOR)
-                if queue_settings is not None
-                else []
             )
             if dry_run:
                 transaction.set_rollback(True)
