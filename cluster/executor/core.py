@@ -163,7 +163,18 @@ class Executor:
         and released). The locks this node holds for a reason (``Ledger.rightful_locks``); while
         the database is unreachable only those of running bodies: a lock taken for a run that
         cannot be written to start (an admission stuck in a hung statement, a run waiting for its
-        instant) would hold its job on every node for as long as the partition lasts."""
+        instant) would hold its job on every node for as long as the partition lasts.
+
+        Not those of running bodies once this node's presence is no longer certain (it stopped
+        renewing it: cut off from its database, or from the coordination store): the cluster is
+        about to declare it gone and its runs lost, and a body stuck here (in a write that cannot
+        reach its database) must not hold its job's lock past that, or the next run of its job
+        waits for the stuck body instead of the declaration. A successor that takes the lock
+        still waits for the declaration (its predecessor's node is silent:
+        ``cluster.admission``). The locks of runs not started are kept until they are handed
+        back (the self-fence stops them at their instant)."""
+        if not self.membership.confirmed():
+            return self.books.rightful_locks() - self.books.held_locks()
         if not self.database_able():
             return self.books.held_locks()
         return self.books.rightful_locks()

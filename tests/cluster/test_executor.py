@@ -1248,3 +1248,23 @@ def test_a_claims_own_start_is_stamped_when_it_is_made_not_when_the_claim_began(
     assert row.status == S.RUNNING
     assert row.started_at > timezone.now() - timedelta(seconds=5)
     executions.hand_back_unstarted(row)
+
+
+def test_a_body_lock_is_let_go_once_the_nodes_presence_is_no_longer_certain(monkeypatch):
+    """A forbid body stuck on a node that stopped renewing its presence (cut off from its
+    database, its heartbeat hung): the cluster is about to declare it gone and its run lost, so
+    the node's lock keeper stops extending that body's job lock and releases it, and the next run
+    of the job waits for the declaration, not for the stuck body. Stepped on a settable clock."""
+    executor, runner, _clock, backend = stepped_executor("stuck-node", capacity=4)
+    job = make_job("stuck", "noop", concurrency_policy=ConcurrencyPolicy.FORBID)
+    submit(job)
+    assert executor.claim_once() == 1
+    executor.starter_step()
+    (run,) = runner.runs
+    assert run.lock is not None and executor.books.take_body_slot(run) is True
+    lock_name = f"job:{job.pk}"
+    executor.extend_locks()
+    assert backend.acquire_lock(lock_name, 10_000) is None  # held while the presence is certain
+    monkeypatch.setattr(executor.membership, "confirmed", lambda epoch=None: False)
+    executor.extend_locks()  # the keeper's pass: the body's lock is given up and released
+    assert backend.acquire_lock(lock_name, 10_000) is not None
