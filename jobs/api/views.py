@@ -52,6 +52,17 @@ def actor_from(request: Request) -> services.Actor:
     )
 
 
+def _required_body(request: Request) -> dict[str, Any]:
+    """``_body``, refusing a request that sent none at all (``{}`` is a body)."""
+    try:
+        sent = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        sent = 0
+    if sent == 0:
+        raise ValidationError({"non_field_errors": [ERR_BODY_NOT_OBJECT]})
+    return _body(request)
+
+
 def _body(request: Request, *, only: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The JSON object sent; with ``only``, any other key is refused (400 naming it)."""
     if not isinstance(request.data, dict):
@@ -318,13 +329,15 @@ class QueueViewSet(viewsets.ViewSet):
     @extend_schema(request=queue_body, responses={200: QueueSerializer})
     def update(self, request: Request, name: str | None = None) -> Response:
         """Set the queue whole: what the body leaves out goes back to its default."""
-        queues.queue_set(name=str(name), data=_body(request), by=actor_from(request), partial=False)
+        queues.queue_set(
+            name=str(name), data=_required_body(request), by=actor_from(request), partial=False
+        )
         return Response(QueueSerializer(self._view(name)).data)
 
     @extend_schema(request=queue_body, responses={200: QueueSerializer})
     def partial_update(self, request: Request, name: str | None = None) -> Response:
         """Set what the body names; the rest is left as it is."""
-        queues.queue_set(name=str(name), data=_body(request), by=actor_from(request))
+        queues.queue_set(name=str(name), data=_required_body(request), by=actor_from(request))
         return Response(QueueSerializer(self._view(name)).data)
 
     @extend_schema(request=None, responses={200: QueueSerializer})

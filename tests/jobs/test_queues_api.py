@@ -170,3 +170,13 @@ def test_export_and_apply_carry_the_queues(tmp_path, job) -> None:
         call_command("jobs", "apply", str(path))
     assert "broken.max_concurrent" in str(refused.value)
     assert not Queue.objects.filter(name="broken").exists()
+
+
+def test_a_queue_write_without_a_body_is_refused(admin_api, job) -> None:
+    for method in (admin_api.patch, admin_api.put):
+        refused = method("/api/queues/reports/")
+        assert refused.status_code == 400, refused.content
+        assert "non_field_errors" in refused.data
+    assert not Queue.objects.exists()
+    # An empty object is a body: PUT sets every setting back to its default.
+    assert admin_api.put("/api/queues/reports/", {}, format="json").status_code == 200
