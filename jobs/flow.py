@@ -264,7 +264,7 @@ def _hold(
         window = windows[key]
         free_at = window.free_at(at)
         if free_at is not None:
-            owner = "job" if key.startswith("job:") else f"queue {queue.name}"  # type: ignore[union-attr]
+            owner = "job" if key == job_key(run.job_id) else f"queue {run.queue}"
             period = int(window.period.total_seconds())
             return Held(f"{WAITING}{owner} rate {window.limit} per {period} s reached", free_at)
     return None

@@ -15,36 +15,36 @@ from django.db import transaction
 from django.db.models import Count, Q
 
 from jobs import flow
-from jobs.definition import ERR_QUEUE_FORMAT, QUEUE_PATTERN
-from jobs.models import MAX_FLOW_LIMIT, MAX_RATE_PERIOD_S, Job, JobExecution, Queue
+from jobs.definition import BOOLEAN, FieldRule
+from jobs.definition import RULES as JOB_RULES
+from jobs.models import Job, JobExecution, Queue
 from jobs.services import Actor, audit_record
 from jobs.states import ExecutionStatus
-from jobs.validation import JobValidationError
+from jobs.validation import JobValidationError, check_values
 
 S = ExecutionStatus
 
 SETTINGS = ("max_concurrent", "rate_limit", "rate_period_seconds", "paused")
-FIELDS = ("name", *SETTINGS)
 DEFAULTS: dict[str, Any] = {
     "max_concurrent": None,
     "rate_limit": None,
     "rate_period_seconds": 60,
     "paused": False,
 }
-ERR_LIMIT = "A whole number from 1 to {high}, or null (no limit)."
-ERR_PERIOD = "A whole number of seconds from 1 to {high}."
-ERR_BOOLEAN = "true or false."
-ERR_UNKNOWN = "Unknown field."
 ERR_TWICE = "This queue is in the file twice."
 ERR_NO_QUEUE = "No queue {name!r}: no job names it and nothing is set on it."
 
-_pattern = __import__("re").compile(QUEUE_PATTERN)
+# A queue's settings are checked by the rules of the job fields of the same names (a queue's
+# name by the job's ``queue``), and ``paused`` by its own.
+RULES: dict[str, FieldRule] = {
+    "name": JOB_RULES["queue"],
+    **{name: JOB_RULES[name] for name in ("max_concurrent", "rate_limit", "rate_period_seconds")},
+    "paused": FieldRule("paused", BOOLEAN, "A paused queue's runs are not started.", default=False),
+}
 
 
 def check_name(name: Any) -> str:
-    if not isinstance(name, str) or not _pattern.match(name):
-        raise JobValidationError({"name": [ERR_QUEUE_FORMAT]})
-    return name
+    return check_values({"name": name}, RULES)["name"]
 
 
 def clean_settings(
@@ -55,36 +55,10 @@ def clean_settings(
     field, nothing written."""
     if not isinstance(data, dict):
         raise JobValidationError({"non_field_errors": ["Expected an object."]})
-    allowed = FIELDS if named else SETTINGS
-    errors: dict[str, list[str]] = {key: [ERR_UNKNOWN] for key in data if key not in allowed}
-    values = {**DEFAULTS, **(base or {})}
-    for key in ("max_concurrent", "rate_limit"):
-        if key not in data:
-            continue
-        value = data[key]
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not 1 <= value <= MAX_FLOW_LIMIT
-        ):
-            errors[key] = [ERR_LIMIT.format(high=MAX_FLOW_LIMIT)]
-        values[key] = value
-    if "rate_period_seconds" in data:
-        value = data["rate_period_seconds"]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not 1 <= value <= MAX_RATE_PERIOD_S
-        ):
-            errors["rate_period_seconds"] = [ERR_PERIOD.format(high=MAX_RATE_PERIOD_S)]
-        values["rate_period_seconds"] = value
-    if "paused" in data:
-        if not isinstance(data["paused"], bool):
-            errors["paused"] = [ERR_BOOLEAN]
-        values["paused"] = data["paused"]
-    if errors:
-        raise JobValidationError(errors)
-    return values
+    rules = RULES if named else {name: RULES[name] for name in SETTINGS}
+    cleaned = check_values(data, rules)
+    cleaned.pop("name", None)
+    return {**DEFAULTS, **(base or {}), **cleaned}
 
 
 def settings_of(queue: Queue | None) -> dict[str, Any]:

@@ -218,6 +218,25 @@ def check_field(errors: _Errors, rule: FieldRule, value: Any) -> Any:
     return value
 
 
+def check_values(values: dict[str, Any], rules: dict[str, FieldRule]) -> dict[str, Any]:
+    """Each of ``values`` checked by its rule in ``rules`` (a name without a rule is unknown; a
+    rule may be another field's, its errors keyed by the name given here): the values cleaned, or
+    JobValidationError keyed by name."""
+    found: dict[str, list[str]] = {}
+    cleaned = {}
+    for name, value in values.items():
+        if name not in rules:
+            found[name] = [ERR_UNKNOWN_FIELD]
+            continue
+        errors = _Errors()
+        cleaned[name] = check_field(errors, rules[name], value)
+        for messages in errors.by_field.values():
+            found.setdefault(name, []).extend(messages)
+    if found:
+        raise JobValidationError(found)
+    return cleaned
+
+
 def _datetime(errors: _Errors, field: str, value: Any) -> datetime | None:
     if value is None:
         return None

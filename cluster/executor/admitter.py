@@ -235,8 +235,10 @@ class Admitter:
                 settled.add(item.execution.pk)
             return
         config = flow.queues()
-        gated = [(item, lock) for item, lock in starts if flow.limited(item.execution, config)]
-        free = [(item, lock) for item, lock in starts if not flow.limited(item.execution, config)]
+        gated: list[tuple[Scheduled, LockWatchdog | None]] = []
+        free: list[tuple[Scheduled, LockWatchdog | None]] = []
+        for start in starts:
+            (gated if flow.limited(start[0].execution, config) else free).append(start)
         if gated:
             # Runs of limited jobs and queues first, in a transaction of their own: a limit's
             # lock must not hold up the runs that have none, nor their failure these.
