@@ -196,7 +196,7 @@ class Report:
             f = self.fenced
             lines.append(
                 f"fenced writes: {f['writes']} ({f['refused']} refused, {f['errors']} failed to "
-                f"reach the database); bodies frozen mid-run that wrote after a newer run: "
+                f"reach the database); bodies frozen or cut off mid-run that wrote after a newer run: "
                 f"{f['frozen']}, refused {f['frozen_refused']} (still_owner() said true in "
                 f"{f['frozen_still_owner']})"
             )

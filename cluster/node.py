@@ -329,6 +329,7 @@ class NodeRunner:
         )
         self.executor.on_room = self._wake_claim.set
         self.executor.database_able = self.database.able
+        self.executor.database_cut_for = self._database_cut_for
         self._add_seats(1)
         self.pace = Pace(
             node_id=config.node_id,
@@ -480,6 +481,11 @@ class NodeRunner:
             payload["leads"] = self.led_partitions()  # read by the dashboard and by peers
         if self.draining:
             payload["draining"] = True  # not counted among the nodes that share the partitions
+        released = self.executor.released_ids()
+        if released:
+            # Bodies whose job lock this node gave up (it could not do their work): a successor
+            # waits until the cluster has ended their runs, and the leader ends them lost.
+            payload["released"] = released
         behind = self.behind.state
         if behind is not None and self.is_leader:
             payload["behind"] = behind  # read by the dashboard's overview
@@ -523,6 +529,13 @@ class NodeRunner:
         except Exception as exc:
             logger.warning("could not read live nodes: %s", exc, extra=self._log_extra)
             return {}
+
+    def _database_cut_for(self) -> float:
+        """How long this node has been unable to reach its database (0 while it can)."""
+        state = self.database.observe()
+        if state.reachable or state.since is None:
+            return 0.0
+        return max(0.0, self.clock.monotonic() - state.since)
 
     def watch_database_once(self) -> float:
         """Judge the database's reachability often: a control call that stalls (an answer held by

@@ -1,6 +1,7 @@
-"""Fencing that reaches the task, judged from the bodies' own lines: a body frozen (SIGSTOP)
-while it ran and resumed after a newer run of its job had written through the fence must have its
-own fenced write refused (``jobs.fencing``: the row keeps the largest token it accepted).
+"""Fencing that reaches the task, judged from the bodies' own lines: a body frozen (SIGSTOP), or
+whose node was cut off from the database, while it ran, that wrote after a newer run of its job had
+written through the fence must have its own fenced write refused (``jobs.fencing``: the row keeps
+the largest token it accepted).
 
 Only the fenced jobs' bodies write (``chaos.tasks.fenced_write``); their end lines carry the token,
 ``still_owner()`` just before the write, and "accepted", "refused" or "error: ..." (the database
@@ -14,6 +15,10 @@ from dataclasses import asdict, dataclass
 
 from chaos import faults
 from chaos.record import History, SideEffect, Violation
+from chaos.rules.overlaps import DB_CUT_FAULTS
+
+# Cut-off faults that reach every node, not only their target.
+ALL_NODES_CUT = frozenset({faults.DB_DOWN, faults.MARIADB_RESTART})
 
 STALE_FENCED_WRITE = "stale_fenced_write"
 KINDS = (STALE_FENCED_WRITE,)
@@ -22,7 +27,7 @@ KINDS = (STALE_FENCED_WRITE,)
 # logged in the other order.
 ORDER_SLACK_S = 0.5
 MSG_STALE = (
-    "execution {execution_id} (job {job_id}, token {token}) was frozen by {fault} and its fenced "
+    "execution {execution_id} (job {job_id}, token {token}) was held by {fault} and its fenced "
     "write was accepted {late_s:.2f} s after token {newer} had been"
 )
 
@@ -48,14 +53,22 @@ def fenced_writes(history: History) -> tuple[list[Violation], FencedStats]:
         stats.errors += end.fenced.startswith("error")
         if end.fenced == "accepted" and end.token is not None:
             accepted[end.job_id].append(end)
-    freezes = [f for f in history.faults if f.kind in faults.FREEZE_FAULTS]
+    # Bodies frozen mid-run, and bodies whose node was cut off from the database while they ran
+    # (the node gives their job lock up and the cluster ends their runs: they run on as a
+    # frozen body resumes).
+    freezes = [f for f in history.faults if f.kind in faults.FREEZE_FAULTS | DB_CUT_FAULTS]
     found = []
     for end in ends:
         start = starts.get(end.execution_id)
         if start is None or end.token is None or end.fenced.startswith("error"):
             continue
         fault = next(
-            (f for f in freezes if f.target == end.node and start.at < f.start < end.at), None
+            (
+                f
+                for f in freezes
+                if (f.target == end.node or f.kind in ALL_NODES_CUT) and start.at < f.start < end.at
+            ),
+            None,
         )
         if fault is None:
             continue

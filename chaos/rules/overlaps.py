@@ -16,6 +16,7 @@ from chaos.record import (
     SKIPPED,
     TIMED_OUT,
     CheckConfig,
+    Execution,
     History,
     Index,
     SideEffect,
@@ -31,8 +32,8 @@ UNJUSTIFIED_SKIP = "unjustified_skip"  # a forbid skip while no run of the job w
 
 # Notes: worth reading, not violations of a guarantee.
 FROZEN_BODY_OVERLAP = "frozen_body_overlap"  # a forbid overlap caused by a body frozen mid-run
-# A forbid overlap caused by a body stuck on its own fenced write while its node was cut off from
-# the database, whose write then went nowhere (refused as stale, or failed).
+# A forbid overlap caused by a body that ran on while its node was cut off from the database, after
+# the cluster had ended its run (the node gave its job lock up).
 CUT_BODY_OVERLAP = "cut_body_overlap"
 LOST_WHILE_RUNNING = "lost_while_running"  # declared lost while its node was up and running it
 # Frozen between its self-fence and its first step, before being declared over: it starts on resume.
@@ -51,10 +52,13 @@ MSG_FROZEN_OVERLAP = (
     "{status} and resumed while execution {second} ran"
 )
 MSG_CUT_OVERLAP = (
-    "job {job_id} (forbid): execution {first} was stuck in its fenced write while its node was "
-    "cut off from the database, declared {status}, and ended ({fenced}) while execution {second} "
-    "ran"
+    "job {job_id} (forbid): execution {first} ran on while its node was cut off from the "
+    "database, was declared {status} before execution {second} started, and ended beside it "
+    "({fenced})"
 )
+# The rows' instants and the bodies' lines come from different clocks (the database's, the
+# nodes' true time): a successor counts as started after a declaration within this much (s).
+DECLARED_SLACK_S = 0.05
 # Faults that cut a node off from its database (its own link, or every node's).
 DB_CUT_FAULTS = frozenset(
     {
@@ -134,8 +138,8 @@ def forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], li
                             evidence,
                         )
                     )
-                elif first.status in (LOST, TIMED_OUT) and _stuck_writing(
-                    history, ends.get(first.id), first.node, latest[0], latest[1]
+                elif first.status in (LOST, TIMED_OUT) and _cut_off_body(
+                    history, ends.get(first.id), first, latest[0], latest[1], span[0]
                 ):
                     notes.append(
                         Violation(
@@ -144,7 +148,7 @@ def forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], li
                                 job_id=job_id,
                                 first=first.id,
                                 status=first.status,
-                                fenced=ends[first.id].fenced,
+                                fenced=_fenced_outcome(ends.get(first.id)),
                                 second=span[2],
                             ),
                             evidence,
@@ -163,17 +167,40 @@ def forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], li
     return found, notes
 
 
-def _stuck_writing(
-    history: History, end: SideEffect | None, node: str, start: float, stop: float
+def _fenced_outcome(end: SideEffect | None) -> str:
+    return f"its fenced write {end.fenced}" if end is not None and end.fenced else "no fenced write"
+
+
+def _cut_off_body(
+    history: History,
+    end: SideEffect | None,
+    first: Execution,
+    start: float,
+    stop: float,
+    successor_start: float,
 ) -> bool:
-    """Whether a body ended with a fenced write that went nowhere (refused or failed) while its
-    node was cut off from the database at some point of [start, stop]: the body was held by its
-    own write, which is what fencing is for (the lease's limit, as for a frozen body)."""
-    if end is None or end.fenced == "accepted":
+    """Whether a body ran on beside its successor only because its node could not do its work:
+    the node was cut off from the database while the body ran, the cluster had ended the run
+    (lost or timed out) before the successor started, and the body's fenced write, if it made
+    one, did not land after a newer run's (``stale_fenced_write`` judges that). The lease's limit,
+    as for a frozen body: the node gave its job lock up, and fencing keeps what the body does."""
+    if first.finished_at is None or successor_start < first.finished_at - DECLARED_SLACK_S:
         return False
+    if end is not None and end.fenced == "accepted" and end.token is not None:
+        newer_first = any(
+            other.job_id == end.job_id
+            and other.fenced == "accepted"
+            and other.token is not None
+            and other.token > end.token
+            and other.at < end.at
+            for other in history.side_effects
+            if other.event == "end"
+        )
+        if newer_first:
+            return False
     return any(
         f.kind in DB_CUT_FAULTS
-        and (f.target == node or f.kind in (faults.DB_DOWN, faults.MARIADB_RESTART))
+        and (f.target == first.node or f.kind in (faults.DB_DOWN, faults.MARIADB_RESTART))
         and f.start <= stop
         and f.end >= start
         for f in history.faults

@@ -102,6 +102,8 @@ class Executor:
         # locks' quorum (``locks_unavailable``).
         self.locks_unavailable_until = float("-inf")
         self.database_able: Callable[[], bool] = lambda: True
+        # How long (s) this node has been unable to reach its database (0 while it can).
+        self.database_cut_for: Callable[[], float] = lambda: 0.0
         self.on_room: Callable[[], None] = lambda: None
         self.books = Ledger(capacity=capacity, clock=self.clock)
         # One thread keeps every job lock of this node alive (not one per lock).
@@ -152,6 +154,9 @@ class Executor:
     def refused_ids(self) -> list[int]:
         return self.books.refused_ids()
 
+    def released_ids(self) -> list[int]:
+        return self.books.released_ids()
+
     def forget_refused(self) -> None:
         self.books.forget_refused()
 
@@ -165,17 +170,21 @@ class Executor:
         cannot be written to start (an admission stuck in a hung statement, a run waiting for its
         instant) would hold its job on every node for as long as the partition lasts.
 
-        Not those of running bodies once this node's presence is no longer certain (it stopped
-        renewing it: cut off from its database, or from the coordination store): the cluster is
-        about to declare it gone and its runs lost, and a body stuck here (in a write that cannot
-        reach its database) must not hold its job's lock past that, or the next run of its job
-        waits for the stuck body instead of the declaration. A successor that takes the lock
-        still waits for the declaration (its predecessor's node is silent:
-        ``cluster.admission``). The locks of runs not started are kept until they are handed
-        back (the self-fence stops them at their instant)."""
+        Not those of running bodies either once this node can no longer do their work: its
+        presence is no longer certain (the cluster is about to declare it gone and its runs
+        lost), or it has been cut off from its database for as long as a presence lives (the
+        leader takes a cut-off node's runs then, ``cluster.reaper``). A body stuck here (in a
+        write that cannot reach its database) must not hold its job's lock past that, or the
+        next run of its job waits for the stuck body for as long as the partition lasts. The
+        runs given up are named in the presence until their outcome is written
+        (``Ledger.released``), and a successor that takes the lock waits until the cluster has
+        ended them (``cluster.executor.facts.blockers``). The locks of runs not started are kept
+        until they are handed back (the self-fence stops them at their instant)."""
         if not self.membership.confirmed():
-            return self.books.rightful_locks() - self.books.held_locks()
+            return self.books.rightful_locks() - self.books.give_up_body_locks()
         if not self.database_able():
+            if self.database_cut_for() >= self.membership.ttl_s:
+                return self.books.rightful_locks() - self.books.give_up_body_locks()
             return self.books.held_locks()
         return self.books.rightful_locks()
 

@@ -20,6 +20,7 @@ from cluster.coordination import (
     LockKeeper,
     LockWatchdog,
 )
+from cluster.dbhealth import UNREACHABLE
 from cluster.executor.runs import REASON_BLOCKER_GONE, Scheduled
 from cluster.membership import Liveness, node_liveness, renewed_at_ms
 from cluster.models import NodeStatus, SchedulerNode
@@ -121,6 +122,24 @@ def newer_due(items: list[Scheduled], *, now: datetime) -> dict[int, tuple[int, 
     return counts
 
 
+def cannot_do(presence: dict[str, Any] | None, execution_id: int) -> bool:
+    """Whether a live node says it cannot do this run's work: it gave the run's job lock up
+    while the body ran (``released``), or it is cut off from its database while the body runs
+    (``bodies``; it gives the lock up past the dead threshold). Its body may still be inside the
+    task, and its outcome cannot be written: the run is not known to be active, and no successor
+    starts beside it before the cluster has ended it."""
+    if not presence:
+        return False
+    try:
+        if execution_id in {int(pk) for pk in presence.get("released") or ()}:
+            return True
+        return presence.get("database") == UNREACHABLE and execution_id in {
+            int(pk) for pk in presence.get("bodies") or ()
+        }
+    except (TypeError, ValueError):
+        return False
+
+
 def blockers(
     items: list[Scheduled],
     *,
@@ -186,13 +205,15 @@ def blockers(
             # of an instant its node did not live to see (SIGKILLed just before) has no body,
             # though the presence has not expired yet.
             renewed = None if live is None else renewed_at_ms(live, other.node, ttl_s=ttl_s)
+            unable = live is not None and cannot_do(live.get(other.node), other.pk)
             found[other.job_id] = Blocker(
                 started_at=started,
                 certain=state == Liveness.ALIVE
+                and not unable
                 and started is not None
                 and renewed is not None
                 and renewed >= started * 1000,
-                silent=state == Liveness.SUSPECT and live is not None,
+                silent=(state == Liveness.SUSPECT and live is not None) or unable,
                 execution_id=other.pk,
             )
     if gone:

@@ -69,6 +69,11 @@ class Ledger:
         # own, the only locks this node may hold (see rightful_locks).
         self.admitting_locks: dict[int, LockWatchdog] = {}
         self.finishing_locks: dict[int, LockWatchdog] = {}
+        # Runs whose job lock this node gave up while their body ran (cut off from the database
+        # past the dead threshold, or its presence no longer certain), until their outcome is
+        # written or given up: the body may still be inside the task, so the presence names them
+        # and no successor starts before the cluster has ended them (``cluster.executor.facts``).
+        self.released: set[int] = set()
 
     # --- capacity ---------------------------------------------------------------------------------
     def overflow_locked(self) -> int:
@@ -212,6 +217,23 @@ class Ledger:
                 if run.lock is not None and run.body_slot and not run.completed
             }
 
+    def give_up_body_locks(self) -> set[int]:
+        """The job locks of running bodies (their watchdogs' ids), their runs noted as released:
+        the caller stops keeping those locks."""
+        with self.lock:
+            runs = [
+                run
+                for run in self.active.values()
+                if run.lock is not None and run.body_slot and not run.completed
+            ]
+            self.released.update(run.execution.pk for run in runs)
+            return {id(run.lock) for run in runs}
+
+    def released_ids(self) -> list[int]:
+        """Runs whose job lock was given up while their body ran, outcome not yet written."""
+        with self.lock:
+            return sorted(self.released)
+
     def take_lock(self, run: ActiveRun) -> LockWatchdog | None:
         """The run's job lock, taken from it (atomically: whoever takes it releases it, once)."""
         with self.lock:
@@ -331,6 +353,7 @@ class Ledger:
         with self.lock:
             self.unwritten -= len(execution_ids)
             self.finishing.difference_update(execution_ids)
+            self.released.difference_update(execution_ids)
 
     def take_all_running(self) -> list[ActiveRun]:
         """Every run still going, ended here (a drain past its grace)."""

@@ -901,13 +901,23 @@ def frozen_body_stale_write(h: History) -> None:
     _fenced(h, 1, {0: (5000, "accepted"), 2: (1002, "accepted")})
 
 
-def stuck_in_a_fenced_write(h: History, outcome: str) -> None:
+def stuck_in_a_fenced_write(
+    h: History, outcome: str, *, ended: float = 5.2, declared: float = 2.9
+) -> None:
     """Job 1's slot 2 body is stuck in its fenced write while its node (n3) is cut off from the
-    database; declared lost, it ends 3 s later with its write gone nowhere (or through)."""
+    database; declared lost at ``declared`` (s after T0), it ends at ``ended`` with its write gone
+    nowhere (or through)."""
     h.faults.append(Fault("partition_db_worker", "n3", T0 + 2.1, T0 + 6.0))
-    stuck = _replace_row(h, 1, 2, status="lost", reason="node n3 is gone (its presence expired)")
+    stuck = _replace_row(
+        h,
+        1,
+        2,
+        status="lost",
+        reason="node n3 could not reach the database for 2 s",
+        finished_at=T0 + declared,
+    )
     _fenced(h, 1, {2: (stuck.id, outcome)})
-    _move_effect(h, stuck.id, "end", T0 + 5.2)
+    _move_effect(h, stuck.id, "end", T0 + ended)
 
 
 def _limit_job(h: History, job_id: int, **fields: object) -> None:
@@ -947,8 +957,18 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     ),
     ("stuck fenced write", lambda h: stuck_in_a_fenced_write(h, "error: OperationalError"), {}),
     (
-        "stuck write that landed",
+        "stuck write that landed after a newer one",
         lambda h: stuck_in_a_fenced_write(h, "accepted"),
+        {c.FORBID_OVERLAP: "ran at the same time", c.STALE_FENCED_WRITE: "held by"},
+    ),
+    (
+        "stuck write that landed before any newer one",
+        lambda h: stuck_in_a_fenced_write(h, "accepted", ended=3.005),
+        {},
+    ),
+    (
+        "successor started before the stuck run was ended",
+        lambda h: stuck_in_a_fenced_write(h, "error: OperationalError", declared=3.5),
         {c.FORBID_OVERLAP: "ran at the same time"},
     ),
     ("fenced write refused", frozen_body_refused, {}),

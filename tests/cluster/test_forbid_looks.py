@@ -15,7 +15,7 @@ from cluster.admission import REASON_FORBID, WAIT_POLL_S
 from cluster.clock import SettableClock
 from cluster.coordination import LockWatchdog
 from cluster.executor.core import Executor
-from jobs import services
+from jobs import executions, services
 from jobs.models import ConcurrencyPolicy, Job, JobExecution
 from jobs.states import ExecutionStatus
 from tests.cluster.stepped import stepped_executor
@@ -139,3 +139,43 @@ def test_a_job_lock_held_for_no_run_of_the_node_is_released_by_its_keeper():
     assert stray.lost.is_set() and stray.stopped
     assert backend.acquire_lock("job:stray", TTL_MS) is not None  # released: free for anyone
     assert not active.lock.lost.is_set() and not active.lock.stopped
+
+
+@pytest.mark.parametrize(
+    ("presence", "waits"),
+    [
+        ({"released": "its"}, True),  # its node gave the lock up while the body ran
+        ({"database": "unreachable", "bodies": "its"}, True),  # cut off, the body running
+        ({"database": "unreachable", "bodies": []}, False),  # cut off, that body had ended
+        ({}, False),  # a live node whose body ended and released the lock: start at once
+    ],
+)
+def test_a_run_whose_node_cannot_do_its_work_is_waited_for_until_the_cluster_ends_it(
+    presence, waits
+):
+    """The job lock is free and the previous run's row still says running on a node alive in the
+    coordination store. If that node says it cannot do the run's work (it gave the run's lock up
+    while the body ran, or it is cut off from its database while the body runs), the body may
+    still be inside the task: this run waits, look after look, until the cluster has ended that
+    run (lost), then starts. Otherwise the free lock is the truth and it starts at once."""
+    executor, runner, clock, backend = stepped_executor("cannot-do", capacity=8)
+    job = forbid_job("cannot-do")
+    running_row(job, slot_ago_s=3, started_ago_s=3, token="given-up")
+    previous = JobExecution.objects.get(job=job, claim_token="given-up")
+    payload = {k: [previous.pk] if v == "its" else v for k, v in presence.items()}
+    backend.heartbeat("other-node", TTL_MS, payload)
+    run = services.job_trigger(job_id=job.pk, by=services.SYSTEM)
+    assert executor.claim_once() == 1
+    for _ in range(10):
+        executor.starter_step()
+        clock.advance(WAIT_POLL_S)
+    started = [r.execution.pk for r in runner.runs]
+    if not waits:
+        assert started == [run.pk]
+        return
+    assert started == []
+    assert JobExecution.objects.get(pk=run.pk).status == S.PENDING
+    executions.declare_lost(previous, reason="its node gave its job lock up", now=timezone.now())
+    executor.starter_step()
+    assert [r.execution.pk for r in runner.runs] == [run.pk]
+    assert JobExecution.objects.get(pk=run.pk).status == S.RUNNING

@@ -513,6 +513,47 @@ def test_a_body_frozen_past_its_lock_is_declared_lost_before_a_successor_starts(
     assert max(effects_by_slot(sim, job).values()) == 1
 
 
+def test_a_body_running_on_a_worker_cut_off_from_its_database_does_not_hold_its_job(make_sim):
+    """A forbid body runs on (stuck in a write, say) on a worker cut off from its database, which
+    still reaches the coordination store and so stays present. Past the dead threshold the worker
+    gives the body's job lock up and names the run in its presence, the leader ends it lost, and
+    the job's next fire starts on another node, only after that: within the lease's bound of the
+    cut, not when the body ends. Before, the body held its job for as long as it ran (the chaos
+    runs' slow recoveries after a database partition of one worker)."""
+    sim = make_sim(capacity=1)
+    job = sim.create_job(name="stuck-body", kwargs={"seconds": 9.0}, concurrency_policy="forbid")
+    sim.advance(2)
+    stuck = None
+    for _ in range(40):
+        sim.advance(0.5)
+        running = JobExecution.objects.filter(job=job, status=S.RUNNING).first()
+        leader = sim.leader()
+        if running is not None and running.node != leader and running.started_at is not None:
+            stuck = running
+            break
+    assert stuck is not None, dump(job)
+    worker = sim.nodes[stuck.node].runner
+    sim.cut_database(stuck.node)
+    cut_at = sim.clock.now()
+    sim.advance(6)
+    assert worker.executor.released_ids() == [stuck.pk]  # named until its outcome is written
+    sim.heal(stuck.node)
+    sim.advance(6)
+
+    stuck.refresh_from_db()
+    assert stuck.status == S.LOST, dump(job)
+    successors = [e for e in sim.starts(job) if e.at > cut_at]
+    assert successors, dump(job)
+    first = min(e.at for e in successors)
+    # The presence lives DEAD_AFTER_S: the lock is given up that long after the worker noticed,
+    # the run ended at the leader's next reap, the successor started at its next look.
+    assert first - cut_at <= DEAD_AFTER_S + 2.0, f"{first - cut_at:.2f} s: {dump(job)}"
+    assert first >= stuck.finished_at.timestamp() - 0.001, dump(job)
+    assert all(e.node != stuck.node for e in successors if e.at < cut_at + 9.0)
+    assert max(effects_by_slot(sim, job).values()) == 1
+    assert worker.executor.released_ids() == []  # its outcome written (refused: ended lost)
+
+
 def test_run_all_catch_up_runs_of_a_forbid_job_run_one_after_the_other(make_sim):
     """A leader outage left next_fire_at in the past: run_all creates two catch-up runs of a forbid
     job whose bodies last 0.2 s; the second starts after the first ended, within the grace."""
