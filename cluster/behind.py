@@ -31,7 +31,7 @@ from cluster.clock import Clock
 from cluster.models import LeadershipTerm
 from cluster.scheduler import earliest_fire_and_partition
 from jobs import partitioning
-from jobs.models import JobExecution
+from jobs.models import Job, JobExecution
 from jobs.states import ExecutionStatus
 
 logger = logging.getLogger(__name__)
@@ -235,3 +235,119 @@ def describe(state: dict[str, Any] | None) -> str:
         f"behind schedule (fires {state.get('fires_s', 0)} s, claims {state.get('claims_s', 0)} s): "
         + "; ".join(state.get("why") or [])
     )
+
+
+# --- each partition leader's own partitions ---------------------------------------------------------
+
+
+def partition_lags(partitions: Iterable[int], *, now: datetime) -> dict[int, float]:
+    """How long past its due instant the earliest fire not yet written is, in each of
+    ``partitions`` (one read of the partition index each: its cost depends on neither the jobs
+    nor the backlog)."""
+    lags: dict[int, float] = {}
+    for partition in partitions:
+        earliest = (
+            Job.objects.filter(partition=partition, enabled=True, next_fire_at__isnull=False)
+            .order_by("next_fire_at")
+            .values_list("next_fire_at", flat=True)
+            .first()
+        )
+        lags[partition] = max(0.0, (now - earliest).total_seconds()) if earliest else 0.0
+    return lags
+
+
+class PartitionWatch:
+    """With several scheduling partitions, each node judges the partitions it leads: one WARNING
+    when any falls ``threshold_s`` behind (which ones, by how much, and why), one INFO once they
+    are all back under half of it; the gauge ``scheduler_partition_behind_seconds`` per partition
+    led; and ``state``, the lag of every partition it leads in whole seconds, which its presence
+    carries to the dashboard's overview and readiness shows. Partition 0's leader still judges
+    the whole cluster (``BehindWatch``): claims, queues, the database."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        clock: Clock,
+        threshold_s: float,
+        round_trip_s: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        self.node_id = node_id
+        self.clock = clock
+        self.threshold_s = threshold_s
+        self._round_trip_s = round_trip_s
+        self._checked = float("-inf")
+        self._since: float | None = None  # monotonic, while behind
+        self._worst_s = 0.0
+        self._led: set[int] = set()
+        self.lags: dict[int, float] = {}
+        self._log_extra = {"node": node_id}
+
+    def due(self) -> bool:
+        return self.clock.monotonic() - self._checked >= CHECK_EVERY_S
+
+    def check(self, partitions: Iterable[int], *, now: datetime) -> dict[int, float]:
+        """Measure the partitions this node leads now and judge; database errors propagate."""
+        self._checked = self.clock.monotonic()
+        lags = partition_lags(sorted(partitions), now=now)
+        self.judge(lags)
+        return lags
+
+    @property
+    def state(self) -> dict[str, int]:
+        """The lag of each partition led, in whole seconds (keys are strings: JSON's)."""
+        return {str(p): round(s) for p, s in sorted(self.lags.items())}
+
+    def behind(self) -> dict[int, float]:
+        """The partitions led that are behind now (at or past half the threshold while an
+        episode lasts, at or past the threshold otherwise)."""
+        floor = self.threshold_s / 2 if self._since is not None else self.threshold_s
+        return {p: s for p, s in self.lags.items() if s >= floor}
+
+    def judge(self, lags: dict[int, float]) -> None:
+        for partition in self._led - set(lags):
+            node_metrics.partition_behind(partition, None)  # no longer led here
+        for partition, seconds in lags.items():
+            node_metrics.partition_behind(partition, seconds)
+        self._led = set(lags)
+        self.lags = dict(lags)
+        worst = max(lags.values(), default=0.0)
+        if self._since is None:
+            if worst < self.threshold_s:
+                return
+            self._since = self.clock.monotonic()
+            self._worst_s = worst
+            logger.warning(
+                "partitions led here behind schedule: %s",
+                self.describe(),
+                extra=self._log_extra,
+            )
+            return
+        self._worst_s = max(self._worst_s, worst)
+        if worst < self.threshold_s / 2:
+            logger.info(
+                "partitions led here %s after %.1f s behind (at worst %.1f s)",
+                "caught up with the schedule" if lags else "handed over (no partition led here)",
+                self.clock.monotonic() - self._since,
+                self._worst_s,
+                extra=self._log_extra,
+            )
+            self._since = None
+            self._worst_s = 0.0
+
+    def describe(self) -> str:
+        """One line naming the partitions behind, by how much and why ("" while none is)."""
+        behind = self.behind()
+        if not behind:
+            return ""
+        which = ", ".join(f"partition {p} by {s:.1f} s" for p, s in sorted(behind.items()))
+        why = "this node's leader passes write their fires after they are due"
+        round_trip = self._round_trip_s()
+        if round_trip is not None and round_trip >= SLOW_ROUND_TRIP_S:
+            why += f"; the database: a round trip takes {round_trip * 1000:.0f} ms from this node"
+        return f"{which}: {why}"
+
+
+def partitions_line(described: str) -> str:
+    """The readiness line of a node whose partitions are behind ("" while none is)."""
+    return f"partitions led here behind schedule: {described}" if described else ""

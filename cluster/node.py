@@ -44,7 +44,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from cluster import announce, conf, node_metrics, partitions, reaper, scheduler, selectors, services
-from cluster.behind import BehindWatch
+from cluster.behind import BehindWatch, PartitionWatch
 from cluster.clock import Clock, ReferenceClock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.dbhealth import UNREACHABLE, DatabaseHealth, Reachability, is_connection_error
@@ -347,6 +347,12 @@ class NodeRunner:
             round_trip_s=self.database.round_trip_s,
             served_queues=selectors.served_queues,
         )
+        self.partition_watch = PartitionWatch(
+            node_id=config.node_id,
+            clock=self.clock,
+            threshold_s=config.behind_warn_s,
+            round_trip_s=self.database.round_trip_s,
+        )
         self._log_extra = {"node": config.node_id}
 
     def _now(self) -> datetime:
@@ -479,6 +485,8 @@ class NodeRunner:
             payload["claims_held_back"] = self.executor.held_back
         if self.partition_count > 1:
             payload["leads"] = self.led_partitions()  # read by the dashboard and by peers
+            if self.partition_watch.lags:
+                payload["partition_lag"] = self.partition_watch.state  # the overview's
         if self.draining:
             payload["draining"] = True  # not counted among the nodes that share the partitions
         released = self.executor.released_ids()
@@ -829,12 +837,21 @@ class NodeRunner:
             delay = self._partition_pass(seat)
             seat.next_pass_at = self.clock.monotonic() + delay
             wait = min(wait, delay)
+        if self.partition_count > 1 and self.partition_watch.due():
+            self._watch_partitions()
         if self._fired:
             # One wake-up for the fires of every partition passed now, not one per partition:
             # eight partitions' wake-ups had every claimer take eight small batches.
             self._publish_wake()
             self._wake_claim.set()
         return wait
+
+    def _watch_partitions(self) -> None:
+        """How far behind each partition this node leads is (with several partitions)."""
+        try:
+            self.partition_watch.check(self.led_partitions(), now=self._now())
+        except DatabaseError as exc:
+            logger.warning("could not measure the partitions' lag: %s", exc, extra=self._log_extra)
 
     def _partition_pass(self, seat: Seat) -> float:
         """One pass of one partition's leader: its fires; and for partition 0 the cluster-wide

@@ -17,6 +17,7 @@ and a node without ``--metrics-port`` pay nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -172,6 +173,14 @@ class NodeMetrics:
             [*node, "part"],
             registry=r,
         )
+        self.partition_behind = Gauge(
+            "scheduler_partition_behind_seconds",
+            "With several scheduling partitions: how far past due the earliest fire not yet "
+            "written is in each partition this node leads, measured about once a second "
+            "(a partition's series goes when its leadership moves to another node).",
+            [*node, "partition"],
+            registry=r,
+        )
         self.due_waiting = Gauge(
             "scheduler_node_due_runs_waiting",
             "Due runs left unclaimed past SCHEDULER_BEHIND_WARN_S (at most 1,000 counted), "
@@ -288,6 +297,18 @@ def behind(*, fires_s: float, claims_s: float, waiting: int) -> None:
     m.labels(m.behind, part="fires").set(fires_s)
     m.labels(m.behind, part="claims").set(claims_s)
     m.labels(m.due_waiting).set(waiting)
+
+
+def partition_behind(partition: int, seconds: float | None) -> None:
+    """A partition's lag, as its leader here measured it (None: no longer led here)."""
+    m = _current
+    if m is None:
+        return
+    if seconds is None:
+        with contextlib.suppress(KeyError):
+            m.partition_behind.remove(m.node_id, str(partition))
+    else:
+        m.labels(m.partition_behind, partition=str(partition)).set(seconds)
 
 
 def presence(seconds: float | None) -> None:

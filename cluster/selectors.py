@@ -132,6 +132,18 @@ def leader_behind(leader: str | None) -> dict[str, Any] | None:
     return behind if isinstance(behind, dict) else None
 
 
+def partition_lag_said(leaders: dict[int, str]) -> dict[int, int]:
+    """How far behind each partition is (whole seconds), as its leader's presence says
+    (``leaders``: partition -> the node its open term names). Cached as the presence is."""
+    presence = _live_presence()
+    found: dict[int, int] = {}
+    for partition, node_id in leaders.items():
+        said = (presence.get(node_id) or {}).get("partition_lag")
+        if isinstance(said, dict) and isinstance(said.get(str(partition)), int | float):
+            found[partition] = int(said[str(partition)])
+    return found
+
+
 def node_drain_requested(node_id: str) -> bool:
     """Whether an operator asked this node to drain (it sees it on its next heartbeat)."""
     return SchedulerNode.objects.filter(node_id=node_id, drain_requested=True).exists()

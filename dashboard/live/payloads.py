@@ -16,6 +16,7 @@ from cluster.selectors import (
     current_term,
     degraded_nodes,
     leader_behind,
+    partition_lag_said,
     partition_leaders,
 )
 from dashboard.live.protocol import LATE_AFTER_S, OUTPUT_FIELDS, frame
@@ -26,6 +27,8 @@ from jobs.states import ExecutionStatus
 
 NODES_LIMIT = 200  # the most recently seen nodes; dead nodes of old deployments fall off
 TERMS_LIMIT = 20
+# A led partition is shown behind on its node's card from this lag on (seconds).
+LAG_SHOWN_S = 1
 FAILED_WINDOW = timedelta(hours=1)
 FAILED_STATES = (ExecutionStatus.FAILED, ExecutionStatus.TIMED_OUT, ExecutionStatus.LOST)
 
@@ -80,10 +83,20 @@ def cluster_payload() -> dict[str, Any]:
     # With several scheduling partitions: who leads which (an empty list with one).
     # One query more per frame only with several partitions (the count is cached per process).
     partitions = partition_leaders(sizes=False) if partitioning.count() > 1 else []
+    # How far behind each led partition is, as its leader says (read with the presence).
+    lag = (
+        partition_lag_said({p["partition"]: p["node"] for p in partitions if p["node"]})
+        if partitions
+        else {}
+    )
     for data in node_data:
         if data["degraded_reason"]:
             data["status"] = DEGRADED
         data["leads"] = [p["partition"] for p in partitions if p["node"] == data["node_id"]]
+        # The partitions it leads that are a second or more behind: partition -> seconds.
+        data["leads_behind"] = {
+            str(p): lag[p] for p in data["leads"] if lag.get(p, 0) >= LAG_SHOWN_S
+        }
     return {
         "leader": term.node_id if term else None,
         "term": term.term if term else None,
@@ -93,7 +106,12 @@ def cluster_payload() -> dict[str, Any]:
         "nodes": node_data,
         "terms": TermSerializer(terms, many=True).data,
         "partitions": [
-            {"partition": p["partition"], "node_id": p["node"], "term": p["term"]}
+            {
+                "partition": p["partition"],
+                "node_id": p["node"],
+                "term": p["term"],
+                "behind_s": lag.get(p["partition"]),
+            }
             for p in partitions
         ],
         # The leader's word while the schedule is behind (None while it keeps up).

@@ -265,3 +265,92 @@ def test_a_queue_no_node_serves_is_found_named_and_cleared(make_sim, caplog, mon
     ).exists()
     sim.advance(0.5)
     assert _frame(monkeypatch)["behind"] is None
+
+
+# --- each partition leader's own partitions ---------------------------------------------------------
+
+
+def _in_partition(job: Job, partition: int) -> None:
+    Job.objects.filter(pk=job.pk).update(partition=partition)
+
+
+@pytest.mark.django_db
+def test_a_partitions_lag_is_its_own_earliest_unwritten_fire():
+    on_time = _job("p-on-time", next_fire_at=NOW + timedelta(seconds=2))
+    late = _job("p-late", next_fire_at=NOW - timedelta(seconds=9))
+    later = _job("p-later", next_fire_at=NOW - timedelta(seconds=4))
+    elsewhere = _job("p-elsewhere", next_fire_at=NOW - timedelta(seconds=60))
+    for job, partition in ((on_time, 1), (late, 2), (later, 2), (elsewhere, 3)):
+        _in_partition(job, partition)
+    Job.objects.filter(pk=elsewhere.pk).update(enabled=False)  # a paused job is not behind
+
+    assert behind.partition_lags([1, 2, 3, 4], now=NOW) == {1: 0.0, 2: 9.0, 3: 0.0, 4: 0.0}
+
+
+def test_a_node_says_once_which_of_its_partitions_are_behind_and_when_they_catch_up(
+    metrics, caplog
+):
+    """One WARNING naming the partitions behind and by how much, one INFO once they are all under
+    half the threshold; a gauge per partition led, gone when the partition is led elsewhere; the
+    state the presence carries and the readiness line."""
+    caplog.set_level(logging.INFO, logger="cluster.behind")
+    clock = SettableClock(NOW.timestamp())
+    watch = behind.PartitionWatch(node_id=NODE, clock=clock, threshold_s=5.0)
+
+    def said() -> list[tuple[int, str]]:
+        found = [(r.levelno, r.getMessage()) for r in caplog.records]
+        caplog.clear()
+        return found
+
+    watch.judge({1: 0.0, 3: 2.0})
+    assert said() == [] and watch.describe() == ""
+    watch.judge({1: 0.0, 3: 7.4})
+    ((level, message),) = said()
+    assert level == logging.WARNING
+    assert "partition 3 by 7.4 s" in message and "partition 1" not in message
+    assert watch.state == {"1": 0, "3": 7}
+    assert behind.partitions_line(watch.describe()).startswith(
+        "partitions led here behind schedule: partition 3 by 7.4 s"
+    )
+    text = generate_latest(metrics.registry).decode()
+    assert sample(text, f'scheduler_partition_behind_seconds{{node="{NODE}",partition="3"}}') == 7.4
+    watch.judge({1: 0.0, 3: 6.0})
+    watch.judge({1: 0.0, 3: 3.0})  # under the threshold, not yet under half of it
+    assert said() == []
+    watch.judge({1: 0.0, 3: 2.0})
+    ((level, message),) = said()
+    assert level == logging.INFO and "caught up" in message and "at worst 7.4 s" in message
+    watch.judge({1: 0.0})  # partition 3 is led elsewhere now: its series goes
+    text = generate_latest(metrics.registry).decode()
+    assert 'partition="3"' not in text
+    assert sample(text, f'scheduler_partition_behind_seconds{{node="{NODE}",partition="1"}}') == 0.0
+
+
+@pytest.mark.django_db
+def test_the_overview_shows_how_far_behind_each_partition_is(monkeypatch):
+    """The cluster frame takes each partition's lag from its leader's presence: the partitions
+    entry says it, and the leading node's card lists those a second or more behind."""
+    from cluster.models import LeadershipTerm, SchedulerNode
+    from jobs import partitioning
+
+    monkeypatch.setattr(partitioning, "count", lambda fresh=False: 2)
+    from django.utils import timezone
+
+    now = timezone.now()
+    for node_id in ("pa", "pb"):
+        SchedulerNode.objects.create(
+            node_id=node_id, hostname="h", pid=1, started_at=now, last_heartbeat=now
+        )
+    LeadershipTerm.objects.create(term=1, node_id="pa", partition=0, acquired_at=now)
+    LeadershipTerm.objects.create(term=1, node_id="pb", partition=1, acquired_at=now)
+    presence = {
+        "pa": {"leads": [0], "partition_lag": {"0": 0}},
+        "pb": {"leads": [1], "partition_lag": {"1": 12}},
+    }
+    monkeypatch.setattr(selectors, "_live_presence", lambda: presence)
+
+    frame = cluster_payload()
+
+    assert [(p["partition"], p["behind_s"]) for p in frame["partitions"]] == [(0, 0), (1, 12)]
+    cards = {n["node_id"]: n for n in frame["nodes"]}
+    assert cards["pa"]["leads_behind"] == {} and cards["pb"]["leads_behind"] == {"1": 12}

@@ -293,11 +293,17 @@ def test_the_dashboard_and_the_cli_say_who_leads_which_partition(make_sim, monke
     sim, jobs = make_sim(total=4)
     monkeypatch.setattr(selectors, "_backend", MemoryBackend(store=sim.store, clock=sim.clock))
     sim.advance_until(lambda: settled(sim, 4, ["n1", "n2", "n3"]), limit=15)
+    sim.advance(4)  # the hand-overs are over, each leader has measured its partitions
+    sim.advance_until(lambda: settled(sim, 4, ["n1", "n2", "n3"]), limit=15)
     led = {p: nodes[0] for p, nodes in leaders(sim).items()}
+    monkeypatch.setattr(selectors, "_presence", (float("-inf"), {}))  # read the presence anew
     payload = cluster_payload()
     assert {p["partition"]: p["node_id"] for p in payload["partitions"]} == led
     for node in payload["nodes"]:
         assert node["leads"] == sorted(p for p, n in led.items() if n == node["node_id"])
+    # Each leader measures its own partitions and says how far behind they are (none is).
+    assert {p["partition"]: p["behind_s"] for p in payload["partitions"]} == dict.fromkeys(led, 0)
+    assert all(node["leads_behind"] == {} for node in payload["nodes"])
     out = io.StringIO()
     call_command("partitions", "--json", stdout=out)
     shown = json.loads(out.getvalue())

@@ -23,6 +23,7 @@ from cluster import affinity, node_metrics, tracing
 from cluster import conf as scheduler_settings
 from cluster.apps import limit_idle_transactions
 from cluster.behind import describe as behind_line
+from cluster.behind import partitions_line
 from cluster.clock import ReferenceClock
 from cluster.coordination import get_backend
 from cluster.elector import ElectionConfig
@@ -250,7 +251,14 @@ class Command(BaseCommand):
             capacity=node.config.capacity,
             member=node.membership.confirmed,
             database=node.database.observe,
-            behind=lambda: behind_line(node.behind.state),
+            behind=lambda: "; ".join(
+                line
+                for line in (
+                    behind_line(node.behind.state),
+                    partitions_line(node.partition_watch.describe()),
+                )
+                if line
+            ),
         )
         try:
             server = node_metrics.serve(app, host, port)

@@ -196,6 +196,19 @@
         (cluster.partitions || []).length
           ? el("div", null, [el("dt", null, "Partitions"), el("dd", { "data-field": "leads" }, (node.leads || []).join(", ") || "—")])
           : null,
+        // The partitions it leads that are a second or more behind (their leader's word).
+        Object.keys(node.leads_behind || {}).length
+          ? el("div", null, [
+              el("dt", null, "Behind"),
+              el(
+                "dd",
+                { class: "text-warn", "data-field": "leads-behind" },
+                Object.keys(node.leads_behind)
+                  .map(function (p) { return "partition " + p + ": " + node.leads_behind[p] + " s"; })
+                  .join(", ")
+              ),
+            ])
+          : null,
       ]),
       node.degraded_reason ? el("p", { class: "node-card__note text-warn" }, "Cannot reach the database: " + node.degraded_reason) : null,
     ]);
