@@ -289,7 +289,7 @@ class NodeRunner:
         self._election_poked = threading.Event()
         self.partition_count = 1
         self.seats: list[Seat] = []
-        self._balance: tuple[float, int, int | None] = (float("-inf"), 1, None)
+        self._balance: tuple[float, int, int | None, int] = (float("-inf"), 1, None, 0)
         self._next_hand_back = 0.0
         self._last_sweep = float("-inf")
         self._last_partition_check = self.clock.monotonic()
@@ -710,7 +710,7 @@ class NodeRunner:
         if self.partition_count == 1:
             return self.seats[0].elector.tick()
         now = self.clock.monotonic()
-        able, fewest = self._balance_view()
+        able, fewest, room = self._balance_view()
         quota = partitions.share(self.partition_count, able)
         held = [seat for seat in self.seats if seat.holds_lease]
         if (
@@ -719,19 +719,23 @@ class NodeRunner:
             and not self.draining
         ):
             self._next_hand_back = now + partitions.HAND_BACK_EVERY_S
-            extra = max(held, key=lambda seat: (seat.partition != 0, seat.partition))
+            count = partitions.hand_back_count(len(held), self.partition_count, able, room)
+            # Partition 0 (the cluster's leader) last, then the highest numbers first.
+            extras = sorted(held, key=lambda seat: (seat.partition != 0, seat.partition))[-count:]
             logger.info(
-                "handing partition %s over: leading %d, a share is %d",
-                extra.partition,
+                "handing partition%s %s over: leading %d, a share is %d",
+                "s" if len(extras) > 1 else "",
+                ", ".join(str(seat.partition) for seat in extras),
                 len(held),
                 quota,
                 extra=self._log_extra,
             )
-            # The leader loop gives it back between two of its passes: a pass under way is never
-            # cut short by a fence raised meanwhile.
-            extra.give_back = True
+            # The leader loop gives them back between two of its passes: a pass under way is
+            # never cut short by a fence raised meanwhile.
+            for extra in extras:
+                extra.give_back = True
+                held.remove(extra)
             self._wake_leader.set()
-            held.remove(extra)
         delay = self.config.election.retry_period_ms / 1000
         for seat in self.seats:
             if not seat.holds_lease and len(held) >= quota and not self._orphaned(seat, now):
@@ -763,26 +767,27 @@ class NodeRunner:
             seat.free_since = now
         return now - seat.free_since >= partitions.ORPHAN_AFTER_S
 
-    def _balance_view(self) -> tuple[int, int | None]:
+    def _balance_view(self) -> tuple[int, int | None, int]:
         """How many live nodes can lead (not cut off from the database, not draining; this one
-        included), and the fewest partitions another of them leads (None: no other); from the
-        presences, read at most every BALANCE_VIEW_S."""
+        included), the fewest partitions another of them leads (None: no other), and how many
+        more the others could lead before each reaches its share; from the presences, read at
+        most every BALANCE_VIEW_S."""
         now = self.clock.monotonic()
         if now - self._balance[0] < BALANCE_VIEW_S:
-            return self._balance[1], self._balance[2]
-        able = 1
-        fewest: int | None = None
+            return self._balance[1:]
+        counts = []
         for node_id, presence in self._live_nodes().items():
             if node_id == self.config.node_id:
                 continue
             if presence.get("database") == DATABASE_UNREACHABLE or presence.get("draining"):
                 continue
-            able += 1
             leads = presence.get("leads")
-            count = len(leads) if isinstance(leads, list) else 0
-            fewest = count if fewest is None else min(fewest, count)
-        self._balance = (now, able, fewest)
-        return able, fewest
+            counts.append(len(leads) if isinstance(leads, list) else 0)
+        able = 1 + len(counts)
+        quota = partitions.share(self.partition_count, able)
+        room = sum(max(0, quota - count) for count in counts)
+        self._balance = (now, able, min(counts, default=None), room)
+        return able, min(counts, default=None), room
 
     def run_elections(self, stop: threading.Event) -> None:
         """The election thread: step every elector until ``stop`` is set, then release every

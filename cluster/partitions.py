@@ -10,9 +10,10 @@ it alone does what is cluster-wide (reaping dead nodes, notifications, promoting
 jobs whose partition is out of range, the "behind" watch).
 
 Balance: a node takes partitions while it leads fewer than its share (``share``: P over the nodes
-able to lead, rounded up) and hands the extras back, one at a time, when it leads more (a node
-joined) or when it leads more than the floor of P over the nodes while another leads fewer
-(``gives_back``; each node's presence says which partitions it leads). A partition nobody has
+able to lead, rounded up) and hands the extras back when it leads more (a node joined: all of
+them at once, as far as the others have room, ``hand_back_count``) or one when it leads more than
+the floor of P over the nodes while another leads fewer (``gives_back``; each node's presence says
+which partitions it leads). A partition nobody has
 taken for ``ORPHAN_AFTER_S`` is taken by any able node whatever its share, so a miscount (a node
 counted able that cannot lead) never leaves one unled.
 """
@@ -73,6 +74,16 @@ def gives_back(held: int, total: int, able_nodes: int, fewest_other: int | None)
         return True
     floor = total // max(1, able_nodes)
     return held > floor and fewest_other < floor
+
+
+def hand_back_count(held: int, total: int, able_nodes: int, room: int) -> int:
+    """How many partitions a node that gives back (``gives_back``) hands over at once: all it
+    leads beyond its share, as far as the other able nodes have ``room`` for them (their shares
+    less what they lead), so a node joining a cluster, or a cluster starting with its nodes a
+    few seconds apart, is balanced in one step rather than one partition every
+    HAND_BACK_EVERY_S; one at a time otherwise (the floor rule's small moves)."""
+    over = held - share(total, able_nodes)
+    return max(1, min(over, room)) if over > 0 else 1
 
 
 def label(partition: int, total: int) -> str:

@@ -137,6 +137,38 @@ def settled(sim: SimCluster, total: int, nodes: list[str]) -> bool:
     return set(counts) <= set(nodes) and all(counts[n] <= share for n in nodes)
 
 
+def balanced(sim: SimCluster, total: int, nodes: list[str]) -> bool:
+    """Settled, and every node leads at least the floor of its share."""
+    if not settled(sim, total, nodes):
+        return False
+    counts = Counter(v[0] for v in leaders(sim).values())
+    return all(counts[n] >= total // len(nodes) for n in nodes)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_leading_every_partition_hands_its_extras_over_at_once(make_sim) -> None:
+    """Eight partitions led by the one node that started first; two more nodes start: it hands
+    the five beyond its share over in one step (the others have room for six), not one every
+    HAND_BACK_EVERY_S (ten seconds and more before), and no fire runs twice meanwhile."""
+    sim, jobs = make_sim(("n1",), total=8, jobs=32)
+    sim.advance_until(lambda: settled(sim, 8, ["n1"]), limit=10)
+    first = sim.clock.now() + 1
+    sim.add("n2")
+    sim.add("n3")
+    took = sim.advance_until(lambda: balanced(sim, 8, ["n1", "n2", "n3"]), limit=30)
+    assert took <= partitions.HAND_BACK_EVERY_S + 1, f"balanced after {took:.2f} s"
+    sim.advance(3)
+    assert_each_slot_once(sim, jobs, first, sim.clock.now() - 1.5)
+    assert_terms_held_once()
+
+
+def test_a_node_hands_back_what_the_others_have_room_for() -> None:
+    assert partitions.hand_back_count(8, 8, 3, room=6) == 5  # its share is 3
+    assert partitions.hand_back_count(8, 8, 3, room=2) == 2  # the others take two more
+    assert partitions.hand_back_count(8, 8, 3, room=0) == 1
+    assert partitions.hand_back_count(2, 4, 3, room=1) == 1  # the floor rule: one at a time
+
+
 def assert_each_slot_once(sim: SimCluster, jobs: list[Job], first: float, last: float) -> None:
     """Every slot in [first, last] of every job started exactly once."""
     for job in jobs:
@@ -187,8 +219,10 @@ def test_a_joining_node_is_handed_its_share_and_no_fire_runs_twice(make_sim) -> 
     first = sim.clock.now() + 1
     sim.add("n2")
     sim.add("n3")
-    took = sim.advance_until(lambda: settled(sim, 4, ["n1", "n2", "n3"]), limit=20)
-    assert took <= 3 * partitions.HAND_BACK_EVERY_S + 3
+    took = sim.advance_until(lambda: balanced(sim, 4, ["n1", "n2", "n3"]), limit=20)
+    # The extras go at once (two: the others have room for them); the floor rule's one move
+    # more, if a joiner took both, comes a hand-back period later.
+    assert took <= 2 * partitions.HAND_BACK_EVERY_S + 1
     led = Counter(v[0] for v in leaders(sim).values())
     assert led["n1"] <= 2 and led["n2"] >= 1 and led["n3"] >= 1
     sim.advance(4)
