@@ -13,6 +13,7 @@ from itertools import pairwise
 import pytest
 
 from cluster.admission import REASON_FORBID, REASON_MISFIRE_STALE
+from cluster.coordination.memory import MemoryBackend
 from cluster.executor import PREPARE_AHEAD_S
 from cluster.models import LeadershipTerm, NodeStatus, SchedulerNode
 from cluster.pace import OVERRUN_S, SLOW_PATH
@@ -537,6 +538,8 @@ def test_a_body_running_on_a_worker_cut_off_from_its_database_does_not_hold_its_
     cut_at = sim.clock.now()
     sim.advance(6)
     assert worker.executor.released_ids() == [stuck.pk]  # named until its outcome is written
+    presence = MemoryBackend(store=sim.store, clock=sim.clock).live_nodes()[stuck.node]
+    assert presence["released"] == [stuck.pk] and stuck.pk not in presence.get("bodies", [])
     sim.heal(stuck.node)
     sim.advance(6)
 
