@@ -215,13 +215,17 @@ class DatabaseHealth:
 
     # --- watching a thread's calls ---------------------------------------------------------------
     @contextlib.contextmanager
-    def thread(self, *, control: bool) -> Iterator[None]:
+    def thread(self, *, control: bool, bounded: bool = False) -> Iterator[None]:
         """Watch the calls the current thread makes inside this block (nested blocks restore the
         previous watcher on the way out). On MariaDB/MySQL a control thread's connection gets the
-        tight bounds before it is opened."""
+        tight bounds before it is opened; so does a ``bounded`` work thread's (short indexed
+        statements, such as admissions: a statement held by a hung path fails within the client
+        timeout and counts as a connection error, instead of holding its runs for the driver's
+        default), whose calls are otherwise watched as work (no stall judged, no round trip
+        kept)."""
         previous = (getattr(_local, "health", None), getattr(_local, "control", False))
         _local.health, _local.control = self, control
-        _instrument(connection, self.limit_s if control else None)
+        _instrument(connection, self.limit_s if control or bounded else None)
         try:
             yield
         finally:

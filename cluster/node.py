@@ -330,6 +330,7 @@ class NodeRunner:
         self.executor.on_room = self._wake_claim.set
         self.executor.database_able = self.database.able
         self.executor.database_cut_for = self._database_cut_for
+        self.executor.starter.watch = lambda: self.database.thread(control=False, bounded=True)
         self._add_seats(1)
         self.pace = Pace(
             node_id=config.node_id,

@@ -6,10 +6,12 @@ it ends: runs falling due continuously are admitted without a thread and a conne
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from django.db import close_old_connections, connection
 
@@ -57,6 +59,9 @@ class Starter:
         # executor: everything happens in the test's thread, in order).
         self.inline = inline
         self.woken = threading.Event()
+        # The scope each preparer admits in (the node watches its database calls there, with
+        # tight bounds: cluster.dbhealth).
+        self.watch: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
         self._queue: queue.Queue[list[Scheduled]] = queue.Queue()
         self._preparers = 0  # admission threads running
         self._idle = 0  # of those, waiting for a batch
@@ -130,12 +135,15 @@ class Starter:
         """Admit queued batches until none comes for PREPARER_LINGER_S; then end and close the
         connection."""
         try:
-            while (batch := self._next_batch()) is not None:
-                try:
-                    close_old_connections()  # one broken by an earlier batch is not reused
-                    self._admit(batch)
-                except Exception:
-                    logger.exception("admission of a batch failed", extra={"node": self.node_id})
-                    close_old_connections()
+            with self.watch():
+                while (batch := self._next_batch()) is not None:
+                    try:
+                        close_old_connections()  # one broken by an earlier batch is not reused
+                        self._admit(batch)
+                    except Exception:
+                        logger.exception(
+                            "admission of a batch failed", extra={"node": self.node_id}
+                        )
+                        close_old_connections()
         finally:
             connection.close()

@@ -103,18 +103,21 @@ def test_a_control_call_unanswered_past_its_limit_makes_the_database_unreachable
     assert [c.reachable for c in changes] == [False, True]
 
 
+@pytest.mark.parametrize("bounded", [False, True])
 def test_a_slow_call_of_a_work_thread_is_not_a_stall(
-    health: DatabaseHealth, clock: SettableClock
+    health: DatabaseHealth, clock: SettableClock, bounded: bool
 ) -> None:
+    """Nor of a bounded one (an admission's): its client timeout ends a hung call, as an error."""
     seen: list[Reachability] = []
 
     def slow() -> None:
         clock.advance(10 * LIMIT_S)
         seen.append(health.observe())
 
-    with health.thread(control=False), calls_that(slow):
+    with health.thread(control=False, bounded=bounded), calls_that(slow):
         select_one()
     assert seen[0].reachable
+    assert health.round_trip_s() is None  # a work call's time is not the path's round trip
 
 
 def test_a_connection_error_makes_it_unreachable_until_a_later_call_answers(
@@ -292,21 +295,28 @@ def test_a_control_connection_carries_its_bounds_and_others_do_not(
 
     found: dict[str, tuple[float, int]] = {}
 
-    def in_thread(name: str, control: bool | None) -> None:
+    def in_thread(name: str, control: bool | None, bounded: bool) -> None:
         try:
             if control is None:
                 found[name] = limits()
             else:
-                with health.thread(control=control):
+                with health.thread(control=control, bounded=bounded):
                     found[name] = limits()
         finally:
             connection.close()
 
-    for name, control in (("control", True), ("work", False), ("other", None)):
-        thread = threading.Thread(target=in_thread, args=(name, control))
+    cases = (
+        ("control", True, False),
+        ("bounded work", False, True),  # an admission's: tight bounds, watched as work
+        ("work", False, False),
+        ("other", None, False),
+    )
+    for name, control, bounded in cases:
+        thread = threading.Thread(target=in_thread, args=(name, control, bounded))
         thread.start()
         thread.join(30)
     assert found["control"] == (LIMIT_S, 1)
+    assert found["bounded work"] == (LIMIT_S, 1)
     assert found["work"] == found["other"]
     assert found["other"][0] == 0.0
 
