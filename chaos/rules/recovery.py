@@ -23,6 +23,10 @@ from dataclasses import asdict, dataclass
 
 from chaos import faults
 from chaos.record import (
+    CANCELLED,
+    FAILED,
+    FORBID,
+    SUCCEEDED,
     CheckConfig,
     Fault,
     History,
@@ -39,6 +43,12 @@ MSG_SLOW_RECOVERY = (
     "(bound {bound_s:.2f} s: its interval + {recovery_s:.2f} s)"
 )
 OPERATOR_PREFIX = "api_"
+# A forbid job whose body ran on through a fault starts again within its interval of that body's
+# end, plus this (s): the settle time, a claim and an admission.
+BUSY_RESTART_S = 1.0
+RECORDED_BY_ITS_NODE = frozenset({SUCCEEDED, FAILED, CANCELLED})
+# A body's end line is written just before its row's outcome; the clocks differ a little (s).
+ORDER_SLACK_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -105,18 +115,34 @@ def _holder_at(history: History, instant: float) -> Term | None:
     return term if end is None or end >= instant else None
 
 
-def _job_starts(history: History, index: Index) -> dict[int, list[float]]:
-    """Each job's body starts, in time order: its fires, and the runs an operator triggered or
-    enqueued (a forbid job busy with those skips its fires, rightly, and is running all the same;
-    a fire that never ran is ``missing_slot``'s business)."""
-    starts: dict[int, list[float]] = defaultdict(list)
+def _job_starts(history: History, index: Index) -> dict[int, list[tuple[float, int]]]:
+    """Each job's body starts (instant, execution id), in time order: its fires, and the runs an
+    operator triggered or enqueued (a forbid job busy with those skips its fires, rightly, and is
+    running all the same; a fire that never ran is ``missing_slot``'s business)."""
+    starts: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for execution_id, effects in index.starts.items():
         row = index.rows.get(execution_id)
         if row is not None:
-            starts[row.job_id].append(effects[0].at)
+            starts[row.job_id].append((effects[0].at, execution_id))
     for values in starts.values():
         values.sort()
     return starts
+
+
+def _busy_until(index: Index, execution_id: int, forbid: set[int]) -> float | None:
+    """When the body of a forbid run ended, if its node ran it to the end and recorded it (not
+    lost nor timed out): until then the job rightly started nothing else (a body slowed by the
+    fault itself, a fenced write over a slow database path, is the task's time, not recovery's).
+    None for other runs."""
+    row = index.rows.get(execution_id)
+    span = index.interval(execution_id)
+    if row is None or row.job_id not in forbid or span is None or span[1] is None:
+        return None
+    # Recorded by its node once the body had ended: a run the cluster ended (lost, timed out, its
+    # lock given up) has its row ended before the body, or never by it.
+    if row.status not in RECORDED_BY_ITS_NODE or row.finished_at is None:
+        return None
+    return span[1] if row.finished_at >= span[1] - ORDER_SLACK_S else None
 
 
 def _paused(history: History, job_id: int, start: float, end: float) -> bool:
@@ -136,6 +162,7 @@ def recovery(
         key=lambda f: f.start,
     )
     starts = _job_starts(history, index)
+    forbid = {j.id for j in history.jobs if j.concurrency_policy == FORBID}
     intervals = {job.id: slot_step(job) for job in history.jobs}
     for edit in history.edits:  # a job whose interval was edited: its longest one
         intervals[edit.job_id] = max(intervals.get(edit.job_id, 0.0), float(edit.interval_seconds))
@@ -171,7 +198,8 @@ def recovery(
             if later < len(terms) and terms[later].term > holder.term:
                 takeover = terms[later].acquired_at - fault.start
                 entry.longest_takeover_s = max(entry.longest_takeover_s or 0.0, takeover)
-        for job_id, times in starts.items():
+        for job_id, runs in starts.items():
+            times = [at for at, _ in runs]
             step = intervals.get(job_id, 0.0)
             after = bisect.bisect_right(times, fault.start)
             if after == 0 or after >= len(times) or not step:
@@ -183,6 +211,9 @@ def recovery(
             entry.longest_job_gap_s = max(entry.longest_job_gap_s, gap)
             causes = [f for f in nemesis if last <= f.start <= first]
             allowed_until = max(_recovers_by(f, config) for f in causes) + step
+            busy = _busy_until(index, runs[after - 1][1], forbid)
+            if busy is not None:
+                allowed_until = max(allowed_until, busy + step + BUSY_RESTART_S)
             if first > allowed_until and (job_id, last) not in reported:
                 reported.add((job_id, last))
                 found.append(

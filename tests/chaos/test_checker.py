@@ -865,6 +865,22 @@ def skip_behind_a_killed_body(h: History) -> None:
     skip_with_no_active_blocker(h)
 
 
+def body_slowed_through_a_fault(h: History, status: str = "succeeded") -> None:
+    """Job 1's slot 2 body on n3 runs 5 s (its write slowed by a slow database path from
+    T0 + 2.05 to T0 + 6.9); its node records it at T0 + 7.05 (or the cluster ends it ``status``
+    at T0 + 4.5). Slots 3 to 6 are skipped behind it; slot 7 starts at T0 + 7.1. (The leader's
+    hand-over at T0 + 4 is a quiet one here: its SIGTERM would allow the gap by itself.)"""
+    h.faults = [Fault("slow_db_leader", "n3", T0 + 2.05, T0 + 6.9, magnitude=0.4)]
+    finished = T0 + 7.05 if status == "succeeded" else T0 + 4.5
+    reason = "" if status == "succeeded" else "node n3 could not reach the database for 2 s"
+    slowed = _replace_row(h, 1, 2, node="n3", status=status, finished_at=finished, reason=reason)
+    _move_effect(h, slowed.id, "end", T0 + 7.0)
+    for k in (3, 4, 5, 6):
+        row = _replace_row(h, 1, k, status="skipped", reason=FORBID_REASON)
+        _drop_effects(h, row.id)
+    _move_effect(h, _find(h, 1, 7).id, "start", T0 + 7.1)
+
+
 def operator_got_a_500(h: History) -> None:
     h.api_anomalies.append(ApiAnomaly(T0 + 3, "api_edit job-1", "HTTP 500"))
 
@@ -1120,6 +1136,12 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
         {c.LEADER_GAP: "no leader for 6.00 s between term 1 and term 2"},
     ),
     ("leader gone", no_leader_until_the_stop, {c.LEADER_GAP: "until the cluster stopped"}),
+    ("a body slowed through a fault", body_slowed_through_a_fault, {}),
+    (
+        "a body the cluster ended, then a long gap",
+        lambda h: body_slowed_through_a_fault(h, status="lost"),
+        {c.SLOW_RECOVERY: "no body started for 5.10 s after slow_db_leader on n3"},
+    ),
     ("unjustified skip", skip_with_no_active_blocker, {c.UNJUSTIFIED_SKIP: FORBID_REASON}),
     ("justified skip", skip_behind_a_long_run, {}),
     ("skip behind a killed body", skip_behind_a_killed_body, {c.UNJUSTIFIED_SKIP: "slot"}),
