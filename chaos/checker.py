@@ -307,7 +307,7 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += duplicates(history, index)
     slots_checked, indeterminate, missing = slots(history, index, config)
     violations += missing
-    overlaps, notes = forbid_overlaps(history, index)
+    overlaps, notes = forbid_overlaps(history, index, dead_after_s=config.dead_after_s)
     violations += overlaps
     notes += lost_while_running(history, index)
     late_starts = starts_after_end(history, index)

@@ -29,9 +29,9 @@ from typing import Any
 from cluster import node_metrics
 from cluster.clock import Clock
 from cluster.models import LeadershipTerm
-from cluster.scheduler import earliest_fire_and_partition
+from cluster.scheduler import earliest_fire_and_partition, earliest_next_fire
 from jobs import partitioning
-from jobs.models import Job, JobExecution
+from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
 
 logger = logging.getLogger(__name__)
@@ -246,12 +246,7 @@ def partition_lags(partitions: Iterable[int], *, now: datetime) -> dict[int, flo
     nor the backlog)."""
     lags: dict[int, float] = {}
     for partition in partitions:
-        earliest = (
-            Job.objects.filter(partition=partition, enabled=True, next_fire_at__isnull=False)
-            .order_by("next_fire_at")
-            .values_list("next_fire_at", flat=True)
-            .first()
-        )
+        earliest = earliest_next_fire(partition)
         lags[partition] = max(0.0, (now - earliest).total_seconds()) if earliest else 0.0
     return lags
 
@@ -279,6 +274,7 @@ class PartitionWatch:
         self._checked = float("-inf")
         self._since: float | None = None  # monotonic, while behind
         self._worst_s = 0.0
+        self._behind: set[int] = set()  # the partitions behind in this episode
         self._led: set[int] = set()
         self.lags: dict[int, float] = {}
         self._log_extra = {"node": node_id}
@@ -317,6 +313,7 @@ class PartitionWatch:
                 return
             self._since = self.clock.monotonic()
             self._worst_s = worst
+            self._behind = set(self.behind())
             logger.warning(
                 "partitions led here behind schedule: %s",
                 self.describe(),
@@ -324,16 +321,26 @@ class PartitionWatch:
             )
             return
         self._worst_s = max(self._worst_s, worst)
+        self._behind |= set(self.behind())
         if worst < self.threshold_s / 2:
+            caught_up = self._behind & set(lags)
             logger.info(
                 "partitions led here %s after %.1f s behind (at worst %.1f s)",
-                "caught up with the schedule" if lags else "handed over (no partition led here)",
+                "caught up with the schedule" if caught_up else "handed over (led elsewhere now)",
                 self.clock.monotonic() - self._since,
                 self._worst_s,
                 extra=self._log_extra,
             )
             self._since = None
             self._worst_s = 0.0
+
+    def forget(self) -> None:
+        """The lags could not be measured (the database did not answer): say nothing stale (no
+        gauge, no presence figure) until the next measure."""
+        for partition in self._led:
+            node_metrics.partition_behind(partition, None)
+        self._led = set()
+        self.lags = {}
 
     def describe(self) -> str:
         """One line naming the partitions behind, by how much and why ("" while none is)."""

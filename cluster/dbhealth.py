@@ -10,8 +10,11 @@ run for as long as the partition lasts. So a node watches the calls its own loop
   above it. The server answers any statement within its limit, be it only with an error, so a
   control call still unanswered ``limit_s + STALL_MARGIN_S`` after it began is waiting on the
   network: the database is *unreachable*;
-- *work* threads (the claim loop) keep the default bounds; a call of theirs that fails with a
-  connection error (gone away, lost, refused, timed out) counts too.
+- *work* threads (the claim loop) keep the default bounds; *bounded* work threads (admissions:
+  short indexed statements that hold claimed runs while they wait) get the same kind of bounds,
+  looser (``bounded_limit_s``: several times ``limit_s``, at least BOUNDED_MIN_S), so a statement
+  held by a hung path fails within seconds, not the driver's default; a call of a work thread
+  that fails with a connection error (gone away, lost, refused, timed out) counts too.
 
 The database is unreachable while a control call is stalled, or while the newest call to fail with a
 connection error began after the newest call that got an answer; it is reachable again once a call
@@ -82,6 +85,18 @@ def is_connection_error(exc: BaseException) -> bool:
 
 def _seen(error: BaseException) -> bool:
     return any(getattr(e, "scheduler_seen", False) for e in (error, error.__cause__) if e)
+
+
+# A bounded work thread's server-side limits are this many times the control limit, and at least
+# BOUNDED_MIN_S (seconds): loose enough for row-lock waits at a busy whole second, tight enough
+# that a hung path gives its runs back within seconds.
+BOUNDED_FACTOR = 5
+BOUNDED_MIN_S = 5.0
+
+
+def bounded_limit_s(limit_s: float) -> float:
+    """The server-side limit of a bounded work thread's statements (see the module's text)."""
+    return max(BOUNDED_MIN_S, BOUNDED_FACTOR * limit_s)
 
 
 def client_timeout_s(limit_s: float) -> int:
@@ -218,14 +233,18 @@ class DatabaseHealth:
     def thread(self, *, control: bool, bounded: bool = False) -> Iterator[None]:
         """Watch the calls the current thread makes inside this block (nested blocks restore the
         previous watcher on the way out). On MariaDB/MySQL a control thread's connection gets the
-        tight bounds before it is opened; so does a ``bounded`` work thread's (short indexed
-        statements, such as admissions: a statement held by a hung path fails within the client
-        timeout and counts as a connection error, instead of holding its runs for the driver's
-        default), whose calls are otherwise watched as work (no stall judged, no round trip
+        tight bounds before it is opened; a ``bounded`` work thread's gets looser ones
+        (``bounded_limit_s``: admissions, whose statement held by a hung path then fails within
+        seconds and counts as a connection error, instead of holding its runs for the driver's
+        default); its calls are otherwise watched as work (no stall judged, no round trip
         kept)."""
         previous = (getattr(_local, "health", None), getattr(_local, "control", False))
         _local.health, _local.control = self, control
-        _instrument(connection, self.limit_s if control or bounded else None)
+        if control:
+            limit: float | None = self.limit_s
+        else:
+            limit = bounded_limit_s(self.limit_s) if bounded else None
+        _instrument(connection, limit)
         try:
             yield
         finally:

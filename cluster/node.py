@@ -857,7 +857,12 @@ class NodeRunner:
         try:
             self.partition_watch.check(self.led_partitions(), now=self._now())
         except DatabaseError as exc:
-            logger.warning("could not measure the partitions' lag: %s", exc, extra=self._log_extra)
+            # Once per outage (the database's health says the rest); nothing stale is shown.
+            if self.partition_watch.lags:
+                logger.warning(
+                    "could not measure the partitions' lag: %s", exc, extra=self._log_extra
+                )
+            self.partition_watch.forget()
 
     def _partition_pass(self, seat: Seat) -> float:
         """One pass of one partition's leader: its fires; and for partition 0 the cluster-wide

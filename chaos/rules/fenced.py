@@ -15,10 +15,7 @@ from dataclasses import asdict, dataclass
 
 from chaos import faults
 from chaos.record import History, SideEffect, Violation
-from chaos.rules.overlaps import DB_CUT_FAULTS
-
-# Cut-off faults that reach every node, not only their target.
-ALL_NODES_CUT = frozenset({faults.DB_DOWN, faults.MARIADB_RESTART})
+from chaos.rules.overlaps import ALL_NODES_CUT, DB_CUT_FAULTS
 
 STALE_FENCED_WRITE = "stale_fenced_write"
 KINDS = (STALE_FENCED_WRITE,)

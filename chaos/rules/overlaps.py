@@ -59,6 +59,14 @@ MSG_CUT_OVERLAP = (
 # The rows' instants and the bodies' lines come from different clocks (the database's, the
 # nodes' true time): a successor counts as started after a declaration within this much (s).
 DECLARED_SLACK_S = 0.05
+# The leader reads a cut-off node's state from its presence, renewed every heartbeat: a
+# declaration may come this long (s) after the cut healed.
+PRESENCE_LAG_S = 1.0
+# A node's presence lives the dead threshold from its last renewal, which may precede the cut by
+# a heartbeat (s): a node cut off from both services is declared gone that much sooner.
+RENEWED_BEFORE_CUT_S = 0.5
+# Cut-off faults that reach every node, not only their target.
+ALL_NODES_CUT = frozenset({faults.DB_DOWN, faults.MARIADB_RESTART})
 # Faults that cut a node off from its database (its own link, or every node's).
 DB_CUT_FAULTS = frozenset(
     {
@@ -87,7 +95,9 @@ MSG_UNJUSTIFIED_SKIP = (
 )
 
 
-def forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], list[Violation]]:
+def forbid_overlaps(
+    history: History, index: Index, *, dead_after_s: float = 2.0
+) -> tuple[list[Violation], list[Violation]]:
     """(c) Two bodies of one forbid job overlapping, where both intervals are known.
 
     An overlap whose earlier body was frozen (SIGSTOP) while it ran and declared lost or timed
@@ -138,8 +148,8 @@ def forbid_overlaps(history: History, index: Index) -> tuple[list[Violation], li
                             evidence,
                         )
                     )
-                elif first.status in (LOST, TIMED_OUT) and _cut_off_body(
-                    history, ends.get(first.id), first, latest[0], latest[1], span[0]
+                elif _cut_off_body(
+                    history, ends.get(first.id), first, span[0], dead_after_s=dead_after_s
                 ):
                     notes.append(
                         Violation(
@@ -175,16 +185,20 @@ def _cut_off_body(
     history: History,
     end: SideEffect | None,
     first: Execution,
-    start: float,
-    stop: float,
     successor_start: float,
+    *,
+    dead_after_s: float,
 ) -> bool:
     """Whether a body ran on beside its successor only because its node could not do its work:
-    the node was cut off from the database while the body ran, the cluster had ended the run
-    (lost or timed out) before the successor started, and the body's fenced write, if it made
-    one, did not land after a newer run's (``stale_fenced_write`` judges that). The lease's limit,
-    as for a frozen body: the node gave its job lock up, and fencing keeps what the body does."""
-    if first.finished_at is None or successor_start < first.finished_at - DECLARED_SLACK_S:
+    the cluster ended the run lost before the successor started, while the node had been cut off
+    from the database for at least the dead threshold (the node gives its job locks up then, and
+    the leader ends its runs), and the body's fenced write, if it made one, did not land after a
+    newer run's (``stale_fenced_write`` judges that). The lease's limit, as for a frozen body:
+    fencing keeps what the body does."""
+    if first.status != LOST or first.finished_at is None:
+        return False
+    declared = first.finished_at
+    if successor_start < declared - DECLARED_SLACK_S:
         return False
     if end is not None and end.fenced == "accepted" and end.token is not None:
         newer_first = any(
@@ -200,9 +214,9 @@ def _cut_off_body(
             return False
     return any(
         f.kind in DB_CUT_FAULTS
-        and (f.target == first.node or f.kind in (faults.DB_DOWN, faults.MARIADB_RESTART))
-        and f.start <= stop
-        and f.end >= start
+        and (f.target == first.node or f.kind in ALL_NODES_CUT)
+        and f.start + dead_after_s - RENEWED_BEFORE_CUT_S <= declared + DECLARED_SLACK_S
+        and f.end >= declared - PRESENCE_LAG_S
         for f in history.faults
     )
 

@@ -47,6 +47,9 @@ OPERATOR_PREFIX = "api_"
 # end, plus this (s): the settle time, a claim and an admission.
 BUSY_RESTART_S = 1.0
 RECORDED_BY_ITS_NODE = frozenset({SUCCEEDED, FAILED, CANCELLED})
+# The executor's reason for a run whose job lock was lost under it
+# (cluster.executor.runs.REASON_LOCK_LOST, repeated: no Django here).
+LOCK_LOST_REASON = "job lock lost"
 # A body's end line is written just before its row's outcome; the clocks differ a little (s).
 ORDER_SLACK_S = 0.05
 
@@ -142,6 +145,8 @@ def _busy_until(index: Index, execution_id: int, forbid: set[int]) -> float | No
     # lock given up) has its row ended before the body, or never by it.
     if row.status not in RECORDED_BY_ITS_NODE or row.finished_at is None:
         return None
+    if row.reason.startswith(LOCK_LOST_REASON):
+        return None  # its node ended it when it lost the job lock, not when the body returned
     return span[1] if row.finished_at >= span[1] - ORDER_SLACK_S else None
 
 

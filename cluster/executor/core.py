@@ -176,15 +176,19 @@ class Executor:
         leader takes a cut-off node's runs then, ``cluster.reaper``). A body stuck here (in a
         write that cannot reach its database) must not hold its job's lock past that, or the
         next run of its job waits for the stuck body for as long as the partition lasts. The
-        runs given up are named in the presence until their outcome is written
-        (``Ledger.released``), and a successor that takes the lock waits until the cluster has
-        ended them (``cluster.executor.facts.blockers``). The locks of runs not started are kept
-        until they are handed back (the self-fence stops them at their instant)."""
+        runs given up stay active (the body runs on; its outcome is queued when it returns) and
+        are named in the presence in place of its bodies until that outcome is written
+        (``Ledger.released``); a successor that takes the lock waits until the run has ended,
+        lost by the leader or recorded by this node (``cluster.executor.facts.blockers``).
+        Past that threshold a cut-off node keeps no lock at all; before it, and while only its
+        presence is uncertain, the locks of runs not started are kept until they are handed
+        back (the self-fence stops them at their instant)."""
         if not self.membership.confirmed():
             return self.books.rightful_locks() - self.books.give_up_body_locks()
         if not self.database_able():
             if self.database_cut_for() >= self.membership.ttl_s:
-                return self.books.rightful_locks() - self.books.give_up_body_locks()
+                self.books.give_up_body_locks()
+                return set()
             return self.books.held_locks()
         return self.books.rightful_locks()
 

@@ -122,20 +122,22 @@ def newer_due(items: list[Scheduled], *, now: datetime) -> dict[int, tuple[int, 
     return counts
 
 
-def cannot_do(presence: dict[str, Any] | None, execution_id: int) -> bool:
-    """Whether a live node says it cannot do this run's work: it gave the run's job lock up
-    while the body ran (``released``), or it is cut off from its database while the body runs
-    (``bodies``; it gives the lock up past the dead threshold). Its body may still be inside the
-    task, and its outcome cannot be written: the run is not known to be active, and no successor
-    starts beside it before the cluster has ended it."""
-    if not presence:
+def released(presence: dict[str, Any] | None, execution_id: int) -> bool:
+    """Whether a live node says it gave this run's job lock up while the body ran (it could no
+    longer do the run's work): its body may still be inside the task, unrecorded."""
+    try:
+        return execution_id in {int(pk) for pk in (presence or {}).get("released") or ()}
+    except (TypeError, ValueError):
+        return False
+
+
+def cut_off_body(presence: dict[str, Any] | None, execution_id: int) -> bool:
+    """Whether a live node cut off from its database says this run's body runs there (it gives
+    the body's lock up past the dead threshold, and its presence may not say so yet)."""
+    if not presence or presence.get("database") != UNREACHABLE:
         return False
     try:
-        if execution_id in {int(pk) for pk in presence.get("released") or ()}:
-            return True
-        return presence.get("database") == UNREACHABLE and execution_id in {
-            int(pk) for pk in presence.get("bodies") or ()
-        }
+        return execution_id in {int(pk) for pk in presence.get("bodies") or ()}
     except (TypeError, ValueError):
         return False
 
@@ -205,15 +207,21 @@ def blockers(
             # of an instant its node did not live to see (SIGKILLed just before) has no body,
             # though the presence has not expired yet.
             renewed = None if live is None else renewed_at_ms(live, other.node, ttl_s=ttl_s)
-            unable = live is not None and cannot_do(live.get(other.node), other.pk)
+            # A run its node gave the lock of up is not known to be active; one whose cut-off
+            # node still runs its body is (it holds the lock: a run behind it skips), until it
+            # gives the lock up. A run that takes the lock meanwhile waits for either to end.
+            presence = live.get(other.node) if live is not None else None
+            given_up = released(presence, other.pk)
             found[other.job_id] = Blocker(
                 started_at=started,
                 certain=state == Liveness.ALIVE
-                and not unable
+                and not given_up
                 and started is not None
                 and renewed is not None
                 and renewed >= started * 1000,
-                silent=(state == Liveness.SUSPECT and live is not None) or unable,
+                silent=(state == Liveness.SUSPECT and live is not None)
+                or given_up
+                or cut_off_body(presence, other.pk),
                 execution_id=other.pk,
             )
     if gone:

@@ -206,7 +206,11 @@ class Ledger:
     def body_ids(self) -> list[int]:
         """Runs whose bodies hold a slot (started, or starting now), and have not ended."""
         with self.lock:
-            return [pk for pk, run in self.active.items() if run.body_slot and not run.completed]
+            return [
+                pk
+                for pk, run in self.active.items()
+                if run.body_slot and not run.completed and not run.released
+            ]
 
     def held_locks(self) -> set[int]:
         """The job locks of running bodies (their watchdogs' ids)."""
@@ -219,14 +223,18 @@ class Ledger:
 
     def give_up_body_locks(self) -> set[int]:
         """The job locks of running bodies (their watchdogs' ids), their runs noted as released:
-        the caller stops keeping those locks."""
+        the caller stops keeping those locks. A released run stays active (its body runs on, and
+        its outcome is queued when the body returns), but is no longer among ``body_ids``: the
+        leader may end it lost."""
         with self.lock:
             runs = [
                 run
                 for run in self.active.values()
                 if run.lock is not None and run.body_slot and not run.completed
             ]
-            self.released.update(run.execution.pk for run in runs)
+            for run in runs:
+                run.released = True
+                self.released.add(run.execution.pk)
             return {id(run.lock) for run in runs}
 
     def released_ids(self) -> list[int]:
@@ -309,6 +317,7 @@ class Ledger:
                 return False
             run.completed = True
             self.active.pop(run.execution.pk, None)
+            self.released.discard(run.execution.pk)
             # No body of it ran: the self-audit hands its row back rather than ending it lost.
             self.launched.pop(run.execution.pk, None)
             if refused:
@@ -362,6 +371,7 @@ class Ledger:
             for run in runs:
                 run.completed = True
                 self.active.pop(run.execution.pk, None)
+                self.released.discard(run.execution.pk)
                 self.free_body_slot_locked(run)
         return runs
 

@@ -65,6 +65,9 @@ class ActiveRun:
     # since when it has waited for one (wall clock; None: it has not asked yet).
     body_slot: bool = False
     room_wait_from: float | None = None
+    # Its job lock was given up while its body ran (its node could no longer do its work): the
+    # body runs on, unrecorded until it returns, and the node names the run in its presence.
+    released: bool = False
     epoch: int = 0
     # Secret values the body was given: scrubbed from what is saved while it runs.
     revealed: list[str] = field(default_factory=list)

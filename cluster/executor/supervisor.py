@@ -42,7 +42,10 @@ def verdict(run: ActiveRun, now: float) -> Outcome | None:
     ):
         # The task did not return within its grace: the run is over all the same.
         return Outcome(run, S.CANCELLED, output=output, reason=run.outcome_reason)
-    if (lock := run.lock) is not None and lock.lost.is_set():
+    if (lock := run.lock) is not None and lock.lost.is_set() and not run.released:
+        # (A released run's lock was given up on purpose: its body runs on, unrecorded, and the
+        # leader ends it lost if its node stays unable; ending it here would let the node write
+        # an outcome for a body still running once the database answers.)
         # Read once: the body's own completion may take the lock meanwhile.
         run.cancel_event.set()
         return Outcome(

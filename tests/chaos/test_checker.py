@@ -918,12 +918,16 @@ def frozen_body_stale_write(h: History) -> None:
 
 
 def stuck_in_a_fenced_write(
-    h: History, outcome: str, *, ended: float = 5.2, declared: float = 2.9
+    h: History, outcome: str, *, ended: float = 6.0, declared: float = 4.3
 ) -> None:
     """Job 1's slot 2 body is stuck in its fenced write while its node (n3) is cut off from the
-    database; declared lost at ``declared`` (s after T0), it ends at ``ended`` with its write gone
-    nowhere (or through)."""
+    database (from T0 + 2.1); declared lost at ``declared`` (s after T0; the dead threshold is
+    2 s), it ends at ``ended`` with its write gone nowhere (or through). Slots 3 and 4 were
+    skipped behind it; slot 5 runs at T0 + 5."""
     h.faults.append(Fault("partition_db_worker", "n3", T0 + 2.1, T0 + 6.0))
+    for k in (3, 4):
+        row = _replace_row(h, 1, k, status="skipped", reason=FORBID_REASON)
+        _drop_effects(h, row.id)
     stuck = _replace_row(
         h,
         1,
@@ -979,12 +983,17 @@ CASES: list[tuple[str, Mutation | None, dict[str, str]]] = [
     ),
     (
         "stuck write that landed before any newer one",
-        lambda h: stuck_in_a_fenced_write(h, "accepted", ended=3.005),
+        lambda h: stuck_in_a_fenced_write(h, "accepted", ended=5.005),
         {},
     ),
     (
         "successor started before the stuck run was ended",
-        lambda h: stuck_in_a_fenced_write(h, "error: OperationalError", declared=3.5),
+        lambda h: stuck_in_a_fenced_write(h, "error: OperationalError", declared=5.5),
+        {c.FORBID_OVERLAP: "ran at the same time"},
+    ),
+    (
+        "stuck run ended before its node had been cut off for the dead threshold",
+        lambda h: stuck_in_a_fenced_write(h, "error: OperationalError", declared=3.0),
         {c.FORBID_OVERLAP: "ran at the same time"},
     ),
     ("fenced write refused", frozen_body_refused, {}),

@@ -324,6 +324,15 @@ def test_a_node_says_once_which_of_its_partitions_are_behind_and_when_they_catch
     text = generate_latest(metrics.registry).decode()
     assert 'partition="3"' not in text
     assert sample(text, f'scheduler_partition_behind_seconds{{node="{NODE}",partition="1"}}') == 0.0
+    watch.forget()  # a measure failed (the database): nothing stale is shown
+    assert watch.state == {} and "scheduler_partition_behind_seconds{" not in (
+        generate_latest(metrics.registry).decode()
+    )
+    watch.judge({5: 9.0})
+    said()
+    watch.judge({})  # the partition behind was handed over
+    ((level, message),) = said()
+    assert level == logging.INFO and "handed over" in message
 
 
 @pytest.mark.django_db

@@ -217,3 +217,16 @@ def test_a_drained_leader_records_its_step_down_while_it_still_holds_the_lease(
     assert holders[0] == "step-a"  # the first call writes; later ones find it recorded
     assert LeadershipTerm.objects.get(term=term).end_reason == TermEndReason.STEPPED_DOWN
     assert runner.backend.current_lease(node_module.LEASE_NAME) is None
+
+
+def test_admissions_are_watched_with_bounds_and_a_cut_off_node_counts_how_long() -> None:
+    """The node hands its executor the scope its admissions run in (its database's watcher, with
+    the bounded work thread's limits) and how long it has been cut off from its database (0 while
+    it answers)."""
+    from cluster import dbhealth
+
+    runner = NodeRunner(NodeConfig(node_id="wired"), backend=MemoryBackend())
+    with runner.executor.starter.watch():
+        assert dbhealth._local.health is runner.database
+        assert dbhealth._local.control is False
+    assert runner.executor.database_cut_for() == 0.0

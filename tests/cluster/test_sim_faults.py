@@ -557,6 +557,41 @@ def test_a_body_running_on_a_worker_cut_off_from_its_database_does_not_hold_its_
     assert worker.executor.released_ids() == []  # its outcome written (refused: ended lost)
 
 
+def test_a_given_up_body_whose_database_answers_again_first_is_waited_for(make_sim):
+    """The worst instant for the give-up: the worker's database answers again just after the
+    worker gave a running body's lock up, before the leader ended the run. The run is then
+    recorded by its node when its body returns, and no later run of the job starts beside that
+    body unless the cluster had ended the run lost first (the body's node did not end it early,
+    as "lock lost", while the body ran: a review found that path)."""
+    sim = make_sim(capacity=1)
+    job = sim.create_job(name="given-up", kwargs={"seconds": 9.0}, concurrency_policy="forbid")
+    sim.advance(2)
+    stuck = None
+    for _ in range(40):
+        sim.advance(0.5)
+        running = JobExecution.objects.filter(job=job, status=S.RUNNING).first()
+        if running is not None and running.node != sim.leader() and running.started_at:
+            stuck = running
+            break
+    assert stuck is not None, dump(job)
+    worker = sim.nodes[stuck.node].runner
+    sim.cut_database(stuck.node)
+    sim.advance_until(lambda: worker.executor.released_ids() == [stuck.pk], limit=6)
+    sim.heal(stuck.node)
+    sim.advance(12)
+
+    stuck.refresh_from_db()
+    body = next(e for e in sim.starts(job) if e.execution_id == stuck.pk)
+    body_end = body.at + 9.0
+    beside = [e for e in sim.starts(job) if body.at < e.at < body_end]
+    if stuck.status == S.LOST:
+        assert all(e.at >= stuck.finished_at.timestamp() - 0.001 for e in beside), dump(job)
+    else:
+        assert stuck.status == S.SUCCEEDED and not beside, dump(job)
+    assert max(effects_by_slot(sim, job).values()) == 1
+    assert worker.executor.released_ids() == []
+
+
 def test_run_all_catch_up_runs_of_a_forbid_job_run_one_after_the_other(make_sim):
     """A leader outage left next_fire_at in the past: run_all creates two catch-up runs of a forbid
     job whose bodies last 0.2 s; the second starts after the first ended, within the grace."""
