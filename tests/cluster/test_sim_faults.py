@@ -514,6 +514,19 @@ def test_a_body_frozen_past_its_lock_is_declared_lost_before_a_successor_starts(
     assert max(effects_by_slot(sim, job).values()) == 1
 
 
+def _long_body_on_a_worker(sim: SimCluster, name: str) -> tuple[Job, JobExecution]:
+    """A forbid job of 9 s bodies, and the first of its runs whose body runs on a node that does
+    not lead (the one a test cuts off)."""
+    job = sim.create_job(name=name, kwargs={"seconds": 9.0}, concurrency_policy="forbid")
+    sim.advance(2)
+    for _ in range(40):
+        sim.advance(0.5)
+        running = JobExecution.objects.filter(job=job, status=S.RUNNING).first()
+        if running is not None and running.node != sim.leader() and running.started_at:
+            return job, running
+    raise AssertionError(f"no body of {name} ran on a worker: {dump(job)}")
+
+
 def test_a_body_running_on_a_worker_cut_off_from_its_database_does_not_hold_its_job(make_sim):
     """A forbid body runs on (stuck in a write, say) on a worker cut off from its database, which
     still reaches the coordination store and so stays present. Past the dead threshold the worker
@@ -522,17 +535,7 @@ def test_a_body_running_on_a_worker_cut_off_from_its_database_does_not_hold_its_
     cut, not when the body ends. Before, the body held its job for as long as it ran (the chaos
     runs' slow recoveries after a database partition of one worker)."""
     sim = make_sim(capacity=1)
-    job = sim.create_job(name="stuck-body", kwargs={"seconds": 9.0}, concurrency_policy="forbid")
-    sim.advance(2)
-    stuck = None
-    for _ in range(40):
-        sim.advance(0.5)
-        running = JobExecution.objects.filter(job=job, status=S.RUNNING).first()
-        leader = sim.leader()
-        if running is not None and running.node != leader and running.started_at is not None:
-            stuck = running
-            break
-    assert stuck is not None, dump(job)
+    job, stuck = _long_body_on_a_worker(sim, "stuck-body")
     worker = sim.nodes[stuck.node].runner
     sim.cut_database(stuck.node)
     cut_at = sim.clock.now()
@@ -564,16 +567,7 @@ def test_a_given_up_body_whose_database_answers_again_first_is_waited_for(make_s
     body unless the cluster had ended the run lost first (the body's node did not end it early,
     as "lock lost", while the body ran: a review found that path)."""
     sim = make_sim(capacity=1)
-    job = sim.create_job(name="given-up", kwargs={"seconds": 9.0}, concurrency_policy="forbid")
-    sim.advance(2)
-    stuck = None
-    for _ in range(40):
-        sim.advance(0.5)
-        running = JobExecution.objects.filter(job=job, status=S.RUNNING).first()
-        if running is not None and running.node != sim.leader() and running.started_at:
-            stuck = running
-            break
-    assert stuck is not None, dump(job)
+    job, stuck = _long_body_on_a_worker(sim, "given-up")
     worker = sim.nodes[stuck.node].runner
     sim.cut_database(stuck.node)
     sim.advance_until(lambda: worker.executor.released_ids() == [stuck.pk], limit=6)
