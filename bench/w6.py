@@ -22,6 +22,7 @@ instant (``--warmup S``: S seconds instead), and then measures a window:
 - overdue at the end: enabled jobs whose next due instant is more than 5 s past;
 - CPU per fire by part (the leading node, the other nodes, MariaDB, Redis, this process) over the
   window, from /proc;
+- the database's statements and rows per fire over the window (MariaDB's global counters);
 - the peak of database connections, and the nodes' WARNING lines.
 
 Every process is started here and stopped here by PID; traffic stays on loopback.
@@ -118,6 +119,47 @@ def overdue_jobs(now: float) -> int:
     from jobs.models import Job
 
     return Job.objects.filter(enabled=True, next_fire_at__lt=_aware(now - OVERDUE_S)).count()
+
+
+STATEMENT_COUNTERS = (
+    "Questions",
+    "Com_select",
+    "Com_insert",
+    "Com_update",
+    "Com_delete",
+    "Com_commit",
+    "Com_rollback",
+    "Rows_read",
+    "Rows_sent",
+    "Handler_read_key",
+    "Handler_read_next",
+    "Handler_read_rnd_next",
+    "Handler_write",
+    "Handler_update",
+    "Handler_tmp_write",
+)
+
+
+def server_counters() -> dict[str, int]:
+    """MariaDB's global status counters in STATEMENT_COUNTERS (server-wide: the bench's own
+    statements count too, a handful per window)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ("
+            + ", ".join(["%s"] * len(STATEMENT_COUNTERS))
+            + ")",
+            list(STATEMENT_COUNTERS),
+        )
+        return {name: int(value) for name, value in cursor.fetchall()}
+
+
+def per_fire(before: dict[str, int], after: dict[str, int], fires: int) -> dict[str, float]:
+    """The counters' growth over the window, per fire started."""
+    if not fires:
+        return {}
+    return {name: round((after[name] - before[name]) / fires, 2) for name in before}
 
 
 def _profile(
@@ -246,9 +288,11 @@ def run_once(
         connections = ConnectionPeak(env)
         time.sleep(max(0.0, window_start - time.time()))
         profilers = _profile(profile, node_pids, leader, window_s)
+        counted = server_counters()
         meter.start()
         time.sleep(window_s)
         meter.stop()
+        counted_after = server_counters()
         for profiler in profilers:  # py-spy writes its samples when interrupted
             profiler.send_signal(signal.SIGINT)
             profiler.wait(30)
@@ -285,6 +329,7 @@ def run_once(
         "coalesced_or_skipped": skipped,
         "overdue_jobs_at_end": overdue,
         "cpu_us_per_fire": meter.per_run_us(len(lags)),
+        "database_per_fire": per_fire(counted, counted_after, len(lags)),
         "steal_share": meter.steal_share,
         "load_average": load,
         "db_connections": peak,
