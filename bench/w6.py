@@ -137,6 +137,9 @@ STATEMENT_COUNTERS = (
     "Handler_write",
     "Handler_update",
     "Handler_tmp_write",
+    "Innodb_buffer_pool_read_requests",
+    "Innodb_buffer_pool_reads",
+    "Innodb_data_fsyncs",
 )
 
 
