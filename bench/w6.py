@@ -5,6 +5,7 @@ N ``runnode`` nodes on MariaDB + Redis. A measurement, not a test.
     python -m bench.w6 --jobs 1000000 --rate 2000 --nodes 3 --window 60
     python -m bench.w6 --nodes 1 3 6 10                  # the scale curve, one run per count
     python -m bench.w6 --keep                            # reuse the jobs of an earlier run
+    python -m bench.w6 --jobs 1000000 --buffer-pool-mb 2048  # the jobs' table in memory
 
 The jobs are J interval jobs of ``bench.record`` with interval = J / R seconds and
 ``spread_seconds`` = interval - 1, so their fires fall evenly over every interval (each job's
@@ -163,6 +164,45 @@ def per_fire(before: dict[str, int], after: dict[str, int], fires: int) -> dict[
     if not fires:
         return {}
     return {name: round((after[name] - before[name]) / fires, 2) for name in before}
+
+
+def buffer_pool(size_mb: int | None) -> dict[str, Any]:
+    """The server's InnoDB buffer pool against the jobs' table (data and indexes): with the pool
+    smaller than the table, every pass reads and evicts pages, and the database's CPU per fire
+    grows with the number of jobs. ``size_mb`` sets the pool first (MariaDB resizes it online);
+    the caller sets the original back (``restore_buffer_pool``)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@GLOBAL.innodb_buffer_pool_size")
+        original = int(cursor.fetchone()[0])
+        if size_mb is not None:
+            cursor.execute("SET GLOBAL innodb_buffer_pool_size = %s", [size_mb * 1024 * 1024])
+            # The resize runs in the background: wait for it (bounded).
+            for _ in range(60):
+                cursor.execute("SELECT @@GLOBAL.innodb_buffer_pool_size")
+                if int(cursor.fetchone()[0]) >= size_mb * 1024 * 1024:
+                    break
+                time.sleep(0.5)
+        cursor.execute("SELECT @@GLOBAL.innodb_buffer_pool_size")
+        size = int(cursor.fetchone()[0])
+        cursor.execute(
+            "SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables "
+            "WHERE table_schema = DATABASE() AND table_name = 'jobs_job'"
+        )
+        jobs_table = int(cursor.fetchone()[0])
+    return {
+        "original_bytes": original,
+        "buffer_pool_mb": size // 2**20,
+        "jobs_table_mb": jobs_table // 2**20,
+    }
+
+
+def restore_buffer_pool(original_bytes: int) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET GLOBAL innodb_buffer_pool_size = %s", [original_bytes])
 
 
 def _profile(
@@ -368,6 +408,12 @@ def main() -> None:
         help="seconds before the window (default: one interval, and the window opens on a slot "
         "instant)",
     )
+    parser.add_argument(
+        "--buffer-pool-mb",
+        type=int,
+        help="set MariaDB's innodb_buffer_pool_size to this many MiB for the runs (set back at "
+        "the end); without it the server's own, which is reported with the jobs' table size",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
         "--profile",
@@ -389,6 +435,13 @@ def main() -> None:
         "speed_probe_ms_at_start": speed_probe_ms(),
         "runs": [],
     }
+    pool = buffer_pool(args.buffer_pool_mb)
+    results["database"] = {k: v for k, v in pool.items() if k != "original_bytes"}
+    print(
+        f"InnoDB buffer pool {pool['buffer_pool_mb']:,} MiB; the jobs' table (data and indexes) "
+        f"{pool['jobs_table_mb']:,} MiB",
+        flush=True,
+    )
     try:
         for index, count in enumerate(args.nodes):
             print(
@@ -411,6 +464,8 @@ def main() -> None:
             results["runs"].append(run)
             print(json.dumps(run, indent=2, default=str), flush=True)
     finally:
+        if args.buffer_pool_mb is not None:
+            restore_buffer_pool(pool["original_bytes"])
         env.close()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
