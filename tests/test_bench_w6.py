@@ -6,8 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
-from bench.w6 import due_in, read_window
+from bench.w6 import (
+    STATEMENT_COUNTERS,
+    buffer_pool,
+    due_in,
+    per_fire,
+    read_window,
+    server_counters,
+)
 
 OFFSETS = {"a": 0.5, "b": 9.5}
 
@@ -38,3 +46,20 @@ def test_read_window_keeps_the_first_start_of_each_fire_due_in_the_window(tmp_pa
     lags, duplicates = read_window(records, OFFSETS, 5, 15)
     assert sorted(round(lag, 3) for lag in lags) == [10.0, 100.0]
     assert duplicates == 1
+
+
+def test_per_fire_divides_each_counters_growth_by_the_fires_started() -> None:
+    before = {"Questions": 100, "Handler_update": 10}
+    after = {"Questions": 160, "Handler_update": 50}
+    assert per_fire(before, after, 10) == {"Questions": 6.0, "Handler_update": 4.0}
+    assert per_fire(before, after, 0) == {}  # nothing started: nothing to divide by
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(connection.vendor != "mysql", reason="the server's counters are MariaDB's")
+def test_server_counters_and_the_pool_are_read_from_the_server() -> None:
+    counters = server_counters()
+    assert set(counters) == set(STATEMENT_COUNTERS)
+    assert server_counters()["Questions"] > counters["Questions"]  # the read itself counts
+    pool = buffer_pool(None)  # reads only: the pool is left as it is
+    assert pool["buffer_pool_mb"] > 0 and pool["jobs_table_mb"] >= 0
