@@ -5,7 +5,7 @@ N ``runnode`` nodes on MariaDB + Redis. A measurement, not a test.
     python -m bench.w6 --jobs 1000000 --rate 2000 --nodes 3 --window 60
     python -m bench.w6 --nodes 1 3 6 10                  # the scale curve, one run per count
     python -m bench.w6 --keep                            # reuse the jobs of an earlier run
-    python -m bench.w6 --jobs 1000000 --buffer-pool-mb 2048  # the jobs' table in memory
+    python -m bench.w6 --jobs 1000000 --buffer-pool-mb 2048  # a pool the jobs' table fits in
 
 The jobs are J interval jobs of ``bench.record`` with interval = J / R seconds and
 ``spread_seconds`` = interval - 1, so their fires fall evenly over every interval (each job's
@@ -168,43 +168,31 @@ def per_fire(before: dict[str, int], after: dict[str, int], fires: int) -> dict[
     return {name: round((after[name] - before[name]) / fires, 2) for name in before}
 
 
-def buffer_pool(size_mb: int | None) -> dict[str, Any]:
-    """The server's InnoDB buffer pool against the jobs' table (data and indexes): with the pool
-    smaller than the table, every pass reads and evicts pages, and the database's CPU per fire
-    grows with the number of jobs. ``size_mb`` sets the pool first (MariaDB resizes it online);
-    the caller sets the original back (``restore_buffer_pool``)."""
+def set_buffer_pool(size_mb: int) -> int:
+    """Set MariaDB's InnoDB buffer pool to ``size_mb`` MiB (it resizes online, in the background);
+    returns the size it had, in bytes, for the caller to set back."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT @@GLOBAL.innodb_buffer_pool_size")
         original = int(cursor.fetchone()[0])
-        if size_mb is not None:
-            cursor.execute("SET GLOBAL innodb_buffer_pool_size = %s", [size_mb * 1024 * 1024])
-            # The resize runs in the background: wait for it (bounded).
-            for _ in range(60):
-                cursor.execute("SELECT @@GLOBAL.innodb_buffer_pool_size")
-                if int(cursor.fetchone()[0]) >= size_mb * 1024 * 1024:
-                    break
-                time.sleep(0.5)
-        cursor.execute("SELECT @@GLOBAL.innodb_buffer_pool_size")
-        size = int(cursor.fetchone()[0])
-        cursor.execute(
-            "SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables "
-            "WHERE table_schema = DATABASE() AND table_name = 'jobs_job'"
-        )
-        jobs_table = int(cursor.fetchone()[0])
-    return {
-        "original_bytes": original,
-        "buffer_pool_mb": size // 2**20,
-        "jobs_table_mb": jobs_table // 2**20,
-    }
+        cursor.execute("SET GLOBAL innodb_buffer_pool_size = %s", [size_mb * 2**20])
+    return original
 
 
-def restore_buffer_pool(original_bytes: int) -> None:
+def buffer_pool() -> dict[str, int]:
+    """The server's InnoDB buffer pool against the jobs' table (data and indexes), in MiB: what a
+    run's database figures were measured with."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SET GLOBAL innodb_buffer_pool_size = %s", [original_bytes])
+        cursor.execute(
+            "SELECT @@GLOBAL.innodb_buffer_pool_size, COALESCE(SUM(data_length + index_length), 0) "
+            "FROM information_schema.tables WHERE table_schema = DATABASE() "
+            "AND table_name = 'jobs_job'"
+        )
+        size, jobs_table = cursor.fetchone()
+    return {"buffer_pool_mb": int(size) // 2**20, "jobs_table_mb": int(jobs_table) // 2**20}
 
 
 def _profile(
@@ -313,7 +301,7 @@ def run_once(
                     low + UPDATE_SLICE,
                 ],
             )
-    pool = {k: v for k, v in buffer_pool(None).items() if k != "original_bytes"}
+    pool = buffer_pool()
     if path.exists():
         path.unlink()
     offsets = {
@@ -428,7 +416,7 @@ def main() -> None:
         "--buffer-pool-mb",
         type=int,
         help="set MariaDB's innodb_buffer_pool_size to this many MiB for the runs (set back at "
-        "the end); without it the server's own, which is reported with the jobs' table size",
+        "the end); every run reports the pool it had and the jobs' table size",
     )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
@@ -439,6 +427,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 1 or args.rate <= 0 or min(args.nodes) < 1 or args.window <= 0:
         parser.error("--jobs, --rate, --nodes and --window must be positive")
+    if args.buffer_pool_mb is not None and args.buffer_pool_mb < 128:
+        parser.error("--buffer-pool-mb must be at least 128 (MiB)")
     if args.profile and not Path(sys.executable).with_name("py-spy").exists():
         parser.error("--profile needs py-spy: pip install -r requirements-bench.txt")
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
@@ -451,12 +441,8 @@ def main() -> None:
         "speed_probe_ms_at_start": speed_probe_ms(),
         "runs": [],
     }
-    pool = buffer_pool(args.buffer_pool_mb)
-    results["database"] = {k: v for k, v in pool.items() if k != "original_bytes"}
-    print(
-        f"InnoDB buffer pool {pool['buffer_pool_mb']:,} MiB; the jobs' table (data and indexes) "
-        f"{pool['jobs_table_mb']:,} MiB",
-        flush=True,
+    original_pool = (
+        set_buffer_pool(args.buffer_pool_mb) if args.buffer_pool_mb is not None else None
     )
     try:
         for index, count in enumerate(args.nodes):
@@ -480,8 +466,8 @@ def main() -> None:
             results["runs"].append(run)
             print(json.dumps(run, indent=2, default=str), flush=True)
     finally:
-        if args.buffer_pool_mb is not None:
-            restore_buffer_pool(pool["original_bytes"])
+        if original_pool is not None:
+            set_buffer_pool(original_pool // 2**20)
         env.close()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
