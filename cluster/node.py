@@ -985,6 +985,8 @@ class NodeRunner:
             try:
                 for message in self.backend.subscribe(announce.WAKE_CHANNEL, self.stop_event):
                     if message == announce.LEASE_RELEASED:
+                        # A node drained or gave partitions back: count the nodes again now.
+                        self._balance = (float("-inf"), *self._balance[1:])
                         self.elector.poke()
                     if message != self.config.node_id:
                         # Not its own fires' wake-up: the leader's pass paces itself.
@@ -1130,21 +1132,9 @@ class NodeRunner:
         """Graceful drain: stop claiming, hand leadership over at once, finish or hand back work."""
         if self.draining:
             return
-        self.draining = True
         extra = self._log_extra
         logger.info("draining: stop claiming, hand over leadership", extra=extra)
-        self.executor.claiming = False
-        # Each term's end is recorded before its lease is released (_record_step_down). The
-        # election thread is stopped only after these writes, since on its way out it releases
-        # the leases.
-        for seat in self.seats:
-            self._record_step_down(seat)
-        self._election_stop.set()
-        self._election_poked.set()
-        if self.release_leadership():
-            # Followers campaign now instead of at their next retry (up to a retry period
-            # later: 250 ms plus jitter by default).
-            self._publish_wake(announce.LEASE_RELEASED)
+        self.hand_over()
         # This thread's connection may have died with a database outage long ago (the main
         # thread of runnode does no other database work): start the drain on a fresh one.
         connection.close()
@@ -1181,6 +1171,29 @@ class NodeRunner:
                 self.clock.sleep(STOP_MARK_BACKOFF_S)
         self.stop_event.set()
         self.executor.wake_starter()
+
+    def hand_over(self) -> None:
+        """The first step of a drain: stop claiming and leading, and let the others know at once.
+        They see this node draining before its leases come free, so each counts it out of the
+        nodes that share the partitions and takes its share of them now (not after the orphan
+        rule's ORPHAN_AFTER_S)."""
+        self.draining = True
+        self.executor.claiming = False
+        try:
+            self.presence_once()
+        except Exception:
+            logger.exception("could not say draining in the presence", extra=self._log_extra)
+        # Each term's end is recorded before its lease is released (_record_step_down). The
+        # election thread is stopped only after these writes, since on its way out it releases
+        # the leases.
+        for seat in self.seats:
+            self._record_step_down(seat)
+        self._election_stop.set()
+        self._election_poked.set()
+        if self.release_leadership():
+            # Followers campaign now instead of at their next retry (up to a retry period
+            # later: 250 ms plus jitter by default).
+            self._publish_wake(announce.LEASE_RELEASED)
 
     def release_leadership(self) -> bool:
         """Stop leading every partition and release their leases at once. True if any was still

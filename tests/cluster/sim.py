@@ -407,11 +407,7 @@ class SimCluster:
         claiming, hand leadership over, give unstarted work back, let running work finish."""
         node = self.nodes[node_id]
         runner = node.runner
-        runner.draining = True
-        runner.executor.claiming = False
-        for seat in runner.seats:
-            runner._record_step_down(seat)
-        runner.release_leadership()
+        runner.hand_over()
         runner._apply_term_events()
         runner.executor.release_unstarted()
         node.loops = [loop for loop in node.loops if loop.name != "election"]
