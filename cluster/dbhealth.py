@@ -16,8 +16,9 @@ run for as long as the partition lasts. So a node watches the calls its own loop
   held by a hung path fails within seconds, not the driver's default; a call of a work thread
   that fails with a connection error (gone away, lost, refused, timed out) counts too.
 
-The database is unreachable while a control call is stalled, or while the newest call to fail with a
-connection error began after the newest call that got an answer; it is reachable again once a call
+The database is unreachable while a control call is stalled and no call begun after it has been
+answered (a hung path answers none; a slow server answers the others), or while the newest call to
+fail with a connection error began after the newest call that got an answer; it is reachable again once a call
 begun after the failure is answered. The leader's elector asks :meth:`DatabaseHealth.able` before
 every renewal and before campaigning: a leader that cannot reach its database releases its lease,
 and a node that cannot reach it does not campaign.
@@ -197,7 +198,17 @@ class DatabaseHealth:
         return self._state
 
     def _judge(self, now: float) -> Reachability:
-        stalled = [c for c in self._calls.values() if c.control and now - c.started >= self.stall_s]
+        # A control call stalled past its bound is waiting on the network, unless a call begun
+        # after it (on any watched thread of this node) has been answered since: the path then
+        # works and the server is slow to answer that one call (a machine or a server starved
+        # of CPU, a big statement). Stepping down for it only moved the work to a peer in the
+        # same state: ten nodes on two cores judged their database unreachable in turn, and the
+        # hand-overs and refused starts made the overload worse until nothing ran.
+        stalled = [
+            c
+            for key, c in self._calls.items()
+            if c.control and now - c.started >= self.stall_s and key > self._answered
+        ]
         if stalled:
             oldest = min(stalled, key=lambda c: c.started)
             return Reachability(

@@ -105,6 +105,51 @@ def test_a_control_call_unanswered_past_its_limit_makes_the_database_unreachable
     assert [c.reachable for c in changes] == [False, True]
 
 
+@pytest.mark.parametrize("later_control", [False, True])
+def test_a_stalled_call_is_not_an_outage_while_a_later_call_is_answered(
+    health: DatabaseHealth, clock: SettableClock, later_control: bool
+) -> None:
+    """One control call hangs past its bound while a call begun after it, on another thread, is
+    answered: the path works and the server is slow to answer that one (a starved machine), so
+    the database stays reachable. A control call that begins after that answer and stalls too is
+    an outage: nothing begun since has been answered."""
+    begun, release = threading.Event(), threading.Event()
+
+    def held() -> None:
+        begun.set()
+        release.wait(5)
+
+    def slow_caller() -> None:
+        with health.thread(control=True):
+            select_one()
+            with calls_that(held):
+                select_one()
+        connection.close()
+
+    with health.thread(control=True):
+        select_one()  # this thread's connection, opened before the other call begins
+    thread = threading.Thread(target=slow_caller)
+    thread.start()
+    try:
+        assert begun.wait(5)
+        with health.thread(control=later_control):
+            select_one()  # begun after the held call, and answered
+        clock.advance(LIMIT_S + STALL_MARGIN_S + 0.5)
+        assert health.observe().reachable
+        seen: list[Reachability] = []
+
+        def hang() -> None:
+            clock.advance(LIMIT_S + STALL_MARGIN_S + 0.01)
+            seen.append(health.observe())
+
+        with health.thread(control=True), calls_that(hang):
+            select_one()
+        assert not seen[0].reachable and "unanswered" in seen[0].reason
+    finally:
+        release.set()
+        thread.join(5)
+
+
 @pytest.mark.parametrize("bounded", [False, True])
 def test_a_slow_call_of_a_work_thread_is_not_a_stall(
     health: DatabaseHealth, clock: SettableClock, bounded: bool
