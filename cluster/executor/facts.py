@@ -219,7 +219,10 @@ def blockers(
                 and started is not None
                 and renewed is not None
                 and renewed >= started * 1000,
-                silent=(state == Liveness.SUSPECT and live is not None)
+                # Live nodes that cannot be read (the store restarting) say nothing of this
+                # node: it may have given the lock up as its membership ran out, its body still
+                # on. A run holding the lock waits, as behind a node gone silent.
+                silent=state == Liveness.SUSPECT
                 or given_up
                 or cut_off_body(presence, other.pk),
                 execution_id=other.pk,

@@ -1021,6 +1021,44 @@ def test_a_run_marked_running_ahead_of_an_instant_its_node_did_not_live_to_see_i
     assert recorded_ids(path) == []
 
 
+def test_a_run_whose_job_lock_is_free_waits_while_the_live_nodes_cannot_be_read(
+    executor, tmp_path, monkeypatch
+):
+    """Another node's run of a forbid job is still running (its body on, its row running), but
+    that node gave the job lock up (its membership ran out in a coordination outage), and the live
+    nodes cannot be read (the store is restarting). The lock alone is no proof that no body of the
+    job runs: this run waits, as behind a node gone silent, and never starts beside that body (a
+    chaos run started one 3 ms before the other body ended)."""
+    from cluster.coordination import CoordinationError
+
+    path = tmp_path / "r"
+    job = make_job(
+        "live-unread", "test.record", kwargs={"path": str(path)}, misfire_grace_seconds=1
+    )
+    started = timezone.now() - timedelta(seconds=0.5)
+    JobExecution.objects.create(
+        job=job,
+        scheduled_for=started,
+        run_after=started,
+        status=S.RUNNING,
+        started_at=started,
+        node="other-node",
+        claim_token="other-token",
+    )
+
+    def unreadable() -> dict:
+        raise CoordinationError("redis live_nodes failed: Connection refused")
+
+    monkeypatch.setattr(executor.backend, "live_nodes", unreadable)
+    execution = submit(job)
+
+    done = run_to_outcome(executor, execution)
+
+    assert done.status == S.SKIPPED
+    assert done.reason == REASON_LOCK_WAIT.format(grace=1)
+    assert recorded_ids(path) == []
+
+
 # --- the claim's own start: runs already due that need nothing looked at --------------------------
 
 
