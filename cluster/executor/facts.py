@@ -222,9 +222,7 @@ def blockers(
                 # Live nodes that cannot be read (the store restarting) say nothing of this
                 # node: it may have given the lock up as its membership ran out, its body still
                 # on. A run holding the lock waits, as behind a node gone silent.
-                silent=state == Liveness.SUSPECT
-                or given_up
-                or cut_off_body(presence, other.pk),
+                silent=state == Liveness.SUSPECT or given_up or cut_off_body(presence, other.pk),
                 execution_id=other.pk,
             )
     if gone:
