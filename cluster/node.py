@@ -265,6 +265,22 @@ def _loop(
             stop.wait(delay)
 
 
+def wait_after_pass(
+    delay: float, least: float, *, stop: threading.Event, wake: threading.Event
+) -> None:
+    """A loop's wait after a pass: ``delay`` seconds or until ``wake`` is set, but at least
+    ``least`` (when the pass asked for a wait at all: ``delay`` > 0) unless ``stop`` is set. A
+    wake-up that comes during ``least`` is kept for after it."""
+    if delay <= 0:
+        return
+    spacing = min(delay, least)
+    if spacing > 0:
+        stop.wait(spacing)
+    if delay > spacing:
+        wake.wait(delay - spacing)
+    wake.clear()
+
+
 class NodeRunner:
     def __init__(
         self,
@@ -1012,6 +1028,7 @@ class NodeRunner:
             self.config.lookahead_s,
             LEADER_CLAIM_LOOKAHEAD_S if self.is_leader else CLAIM_LOOKAHEAD_S,
         )
+        self.claim_spacing_s = 0.0
         self.pace.judge_claims()
         if not self.clock_synced():
             # Until the database's clock is read, this machine's may be stepped: claim nothing.
@@ -1064,36 +1081,22 @@ class NodeRunner:
 
     # --- running -------------------------------------------------------------------------------------
     def _waiting_loop(
-        self, name: str, wake: threading.Event, body: Callable[[], float], *, control: bool
+        self,
+        name: str,
+        wake: threading.Event,
+        body: Callable[[], float],
+        *,
+        control: bool,
+        least: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        """Run ``body`` until stopped; after a pass, wait the delay it returned or until ``wake``
+        is set, but never less than ``least()`` (read after the pass)."""
+
         def step() -> float:
-            delay = body()
-            if delay > 0:
-                wake.wait(delay)
-                wake.clear()
+            wait_after_pass(body(), least(), stop=self.stop_event, wake=wake)
             return 0.0
 
         _loop(name, self.stop_event, step, self.database, control=control)
-
-    def _claim_loop(self) -> None:
-        """The claim thread: a pass, then wait until the next is due or new runs wake it; a pass
-        that found less than it had room for is never followed sooner than its spacing."""
-
-        def step() -> float:
-            began = self.clock.monotonic()
-            self.claim_spacing_s = 0.0
-            delay = self.claim_once()
-            if delay > 0:
-                spacing = min(delay, self.claim_spacing_s) - (self.clock.monotonic() - began)
-                if spacing > 0:
-                    self.stop_event.wait(spacing)  # a wake-up meanwhile is kept for after it
-                rest = delay - (self.clock.monotonic() - began)
-                if rest > 0:
-                    self._wake_claim.wait(rest)
-                self._wake_claim.clear()
-            return 0.0
-
-        _loop("claim", self.stop_event, step, self.database, control=False)
 
     def register_when_reachable(self, stop: threading.Event) -> bool:
         """Register, waiting for the database and the coordination backend as long as it takes
@@ -1138,7 +1141,16 @@ class NodeRunner:
                     "leader", self._wake_leader, self.leader_once, control=True
                 ),
             ),
-            ("claim", self._claim_loop),
+            (
+                "claim",
+                lambda: self._waiting_loop(
+                    "claim",
+                    self._wake_claim,
+                    self.claim_once,
+                    control=False,
+                    least=lambda: self.claim_spacing_s,
+                ),
+            ),
             ("starter", lambda: self.executor.run_starter(self.stop_event)),
             (
                 "notifier",

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -986,6 +986,19 @@ def test_a_written_outcome_wakes_the_claim_loop(executor):
     assert woken.wait(OUTCOME_TIMEOUT_S)
 
 
+def running_elsewhere(job: Job, *, at: datetime, node: str) -> JobExecution:
+    """A run of ``job`` another node claimed and marked running at ``at`` (its row only)."""
+    return JobExecution.objects.create(
+        job=job,
+        scheduled_for=at,
+        run_after=at,
+        status=S.RUNNING,
+        started_at=at,
+        node=node,
+        claim_token=f"{node}-token",
+    )
+
+
 def test_a_run_marked_running_ahead_of_an_instant_its_node_did_not_live_to_see_is_not_a_blocker(
     executor, tmp_path
 ):
@@ -1002,15 +1015,7 @@ def test_a_run_marked_running_ahead_of_an_instant_its_node_did_not_live_to_see_i
     assert executor.backend.acquire_lock(f"job:{job.pk}", PRESENCE_TTL_MS) is not None
     now = timezone.now()
     planned = now + timedelta(seconds=0.1)  # after that renewal
-    JobExecution.objects.create(
-        job=job,
-        scheduled_for=planned,
-        run_after=planned,
-        status=S.RUNNING,
-        started_at=planned,
-        node="dead-node",
-        claim_token="dead-token",
-    )
+    running_elsewhere(job, at=planned, node="dead-node")
     due = now + timedelta(seconds=0.2)
     execution = submit(job, scheduled_for=due, run_after=due)
 
@@ -1036,15 +1041,7 @@ def test_a_run_whose_job_lock_is_free_waits_while_the_live_nodes_cannot_be_read(
         "live-unread", "test.record", kwargs={"path": str(path)}, misfire_grace_seconds=1
     )
     started = timezone.now() - timedelta(seconds=0.5)
-    JobExecution.objects.create(
-        job=job,
-        scheduled_for=started,
-        run_after=started,
-        status=S.RUNNING,
-        started_at=started,
-        node="other-node",
-        claim_token="other-token",
-    )
+    running_elsewhere(job, at=started, node="other-node")
 
     def unreadable() -> dict:
         raise CoordinationError("redis live_nodes failed: Connection refused")

@@ -230,3 +230,56 @@ def test_admissions_are_watched_with_bounds_and_a_cut_off_node_counts_how_long()
         assert dbhealth._local.health is runner.database
         assert dbhealth._local.control is False
     assert runner.executor.database_cut_for() == 0.0
+
+
+# --- a loop's wait after a pass (the claim loop's spacing) -----------------------------------------
+
+
+def timed_wait(delay: float, least: float, *, woken: bool) -> tuple[float, bool]:
+    """How long ``wait_after_pass`` waited, and whether the wake-up was left set after it."""
+    stop, wake = threading.Event(), threading.Event()
+    if woken:
+        wake.set()  # new runs came during the pass
+    began = time.monotonic()
+    node_module.wait_after_pass(delay, least, stop=stop, wake=wake)
+    return time.monotonic() - began, wake.is_set()
+
+
+def test_a_wake_up_during_the_spacing_waits_for_it_and_is_then_taken() -> None:
+    took, left = timed_wait(5.0, 0.2, woken=True)
+    assert 0.2 <= took < 4.0  # not at once, not the whole delay
+    assert not left
+
+
+def test_without_spacing_a_wake_up_is_taken_at_once() -> None:
+    took, left = timed_wait(5.0, 0.0, woken=True)
+    assert took < 1.0
+    assert not left
+
+
+def test_a_pass_that_asks_for_no_wait_gets_none_whatever_the_spacing() -> None:
+    took, left = timed_wait(0.0, 5.0, woken=True)
+    assert took < 1.0
+    assert left  # kept for the next pass's own wait
+
+
+def test_the_stop_ends_the_spacing() -> None:
+    stop, wake = threading.Event(), threading.Event()
+    stop.set()
+    began = time.monotonic()
+    node_module.wait_after_pass(5.0, 5.0, stop=stop, wake=wake)
+    assert time.monotonic() - began < 1.0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("reason", "spaced"), [(None, True), ("nothing due", True), ("full", False)]
+)
+def test_a_claim_pass_is_spaced_only_when_it_read_the_queue_and_found_less_than_room(
+    reason: str | None, spaced: bool, monkeypatch
+) -> None:
+    runner = NodeRunner(NodeConfig(node_id="spacing"), MemoryBackend())
+    monkeypatch.setattr(runner.executor, "claim_once", lambda: 0)
+    runner.executor.claimer.idle_reason = reason
+    runner.claim_once()
+    assert runner.claim_spacing_s == (node_module.CLAIM_SPACING_S if spaced else 0.0)
