@@ -18,8 +18,8 @@ run for as long as the partition lasts. So a node watches the calls its own loop
 
 The database is unreachable while a control call is stalled and no call begun after it has been
 answered (a hung path answers none; a slow server answers the others), or while the newest call to
-fail with a connection error began after the newest call that got an answer; it is reachable again once a call
-begun after the failure is answered. The leader's elector asks :meth:`DatabaseHealth.able` before
+fail with a connection error began after the newest call that got an answer; it is reachable again
+once a call begun after the failure is answered. The leader's elector asks :meth:`DatabaseHealth.able` before
 every renewal and before campaigning: a leader that cannot reach its database releases its lease,
 and a node that cannot reach it does not campaign.
 
