@@ -19,9 +19,12 @@ run for as long as the partition lasts. So a node watches the calls its own loop
 The database is unreachable while a control call is stalled and no call begun after it has been
 answered (a hung path answers none; a slow server answers the others), or while the newest call to
 fail with a connection error began after the newest call that got an answer; it is reachable again
-once a call begun after the failure is answered. The leader's elector asks :meth:`DatabaseHealth.able` before
-every renewal and before campaigning: a leader that cannot reach its database releases its lease,
-and a node that cannot reach it does not campaign.
+once a call begun after the failure is answered. A statement whose open connection broke at once
+(gone away, lost) is the one exception while it is the only failure since the newest answer: a
+connection left over from before a server restart breaks so, so the thread's reconnect decides (a
+failed connect counts at once), or the limit + STALL_MARGIN_S without an answer does. The leader's
+elector asks :meth:`DatabaseHealth.able` before every renewal and before campaigning: a leader that
+cannot reach its database releases its lease, and a node that cannot reach it does not campaign.
 
 Calls are seen through the thread's own connection: its statements (an execute wrapper), and its
 connect, commit, rollback and autocommit switches (a COMMIT whose answer is held hangs like any
@@ -57,6 +60,8 @@ CLIENT_TIMEOUT_MARGIN_S = 1.0
 # read timeout), 2055 lost connection at a system error. Other errors came from a server that
 # answered (a deadlock, a statement limit, a constraint): the database is reachable.
 CONNECTION_ERROR_CODES = frozenset({2002, 2003, 2006, 2013, 2055})
+# What a watched connect is called (a failed connect is never a left-over connection's break).
+CONNECTING = "connecting"
 # The node's usual round trip is the median of its last this many answered control calls.
 ROUND_TRIPS_KEPT = 32
 
@@ -121,6 +126,16 @@ class _Call:
     control: bool
 
 
+@dataclass(frozen=True)
+class _Failure:
+    key: int  # the call (calls are numbered as they begin)
+    since: float  # when the first failure since the newest answer began (monotonic)
+    reason: str
+    # When an open connection broke at once under a statement, if this is the first failure since
+    # the newest answer: a suspicion until the reconnect or STALL_MARGIN_S + the limit settles it.
+    broke_at: float | None
+
+
 class DatabaseHealth:
     """One node's view of its path to the database. Thread-safe; cheap on every call."""
 
@@ -144,7 +159,7 @@ class DatabaseHealth:
         self._next_call = 0
         # Calls are ordered by when they began (a counter: two may begin at one clock reading).
         self._answered = 0  # the newest-begun call that got an answer
-        self._failed: tuple[int, float, str] | None = None  # (call, start, what): newest failure
+        self._failed: _Failure | None = None  # the newest call to fail with a connection error
         self._state = Reachability(True)
         self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
         # (began, took) of the newest answered control calls: the floor of a stretch of calls.
@@ -217,8 +232,16 @@ class DatabaseHealth:
                 f"{now - oldest.started:.1f} s (limit {self.limit_s:g} s)",
                 oldest.started,
             )
-        if self._failed is not None and self._failed[0] > self._answered:
-            return Reachability(False, self._failed[2], self._failed[1])
+        failed = self._failed
+        if failed is not None and failed.key > self._answered:
+            # A connection that broke at once under a statement may only have been left over from
+            # before a server restart: the thread's reconnect settles it (a failed connect is a
+            # new failure, judged at once), and so does STALL_MARGIN_S + the limit without an
+            # answer. Judging at the first such error made every thread that had not touched the
+            # database during an outage cost its node its partitions once the database was back.
+            suspect = failed.broke_at is not None and now - failed.broke_at < self.stall_s
+            if not suspect or not self._state.reachable:
+                return Reachability(False, failed.reason, failed.since)
         return Reachability(True)
 
     def _report(self, previous: Reachability, state: Reachability, now: float) -> None:
@@ -270,7 +293,7 @@ class DatabaseHealth:
             )
         return key
 
-    def _ended(self, key: int, error: BaseException | None) -> None:
+    def _ended(self, key: int, error: BaseException | None, *, in_call: bool = True) -> None:
         now = self.clock.monotonic()
         with self._lock:
             call = self._calls.pop(key, None)
@@ -279,12 +302,21 @@ class DatabaseHealth:
             if error is not None and is_connection_error(error):
                 with contextlib.suppress(AttributeError):
                     error.scheduler_seen = True  # type: ignore[attr-defined]
-                if self._failed is None or key > self._failed[0]:
-                    self._failed = (
+                previous = self._failed
+                if previous is None or key > previous.key:
+                    # The first failure since the newest answer starts the outage; a quick break
+                    # of an open connection is only a suspicion (see _judge), a second failure
+                    # without an answer between is not.
+                    first = previous is None or previous.key < self._answered
+                    quick_break = (
+                        in_call and call.what != CONNECTING and now - call.started < self.stall_s
+                    )
+                    self._failed = _Failure(
                         key,
-                        call.started,
+                        call.started if first or previous is None else previous.since,
                         f"{call.what} of {call.thread} failed after {now - call.started:.1f} s: "
                         f"{_one_line(error)}",
+                        now if first and quick_break else None,
                     )
             else:
                 self._answered = max(self._answered, key)
@@ -300,7 +332,7 @@ class DatabaseHealth:
         watched call already recorded is not counted again, now."""
         if is_connection_error(error) and not _seen(error):
             key = self._began(what, False)
-            self._ended(key, error)
+            self._ended(key, error, in_call=False)
 
 
 def _one_line(error: BaseException) -> str:
@@ -340,7 +372,7 @@ def _execute_wrapper(execute: Callable[..., Any], sql: str, params: Any, many: b
 
 # The connection methods that talk to the server outside cursor.execute().
 _ROUND_TRIPS = {
-    "connect": "connecting",
+    "connect": CONNECTING,
     "_commit": "a commit",
     "_rollback": "a rollback",
     "_set_autocommit": "an autocommit switch",

@@ -176,12 +176,100 @@ def test_a_connection_error_makes_it_unreachable_until_a_later_call_answers(
     with health.thread(control=True):
         with calls_that(lose), pytest.raises(OperationalError):
             select_one()
+        clock.advance(0.1)
+        with calls_that(lose), pytest.raises(OperationalError):
+            select_one()  # the second failure, no answer between: an outage
         state = health.state
         assert not state.reachable and "Lost connection" in state.reason
+        assert state.since == pytest.approx(clock.monotonic() - 0.1)  # from the first failure
         clock.advance(0.1)
         select_one()
     assert health.observe().reachable
     assert [c.reachable for c in changes] == [False, True]
+
+
+def test_a_left_over_connection_that_breaks_at_once_waits_for_the_reconnect(
+    health: DatabaseHealth, clock: SettableClock, changes
+) -> None:
+    """A connection kept idle through a server restart breaks on its first statement after it:
+    not an outage while the thread's next call (its reconnect) is answered."""
+
+    def lose() -> None:
+        raise LOST
+
+    with health.thread(control=False):
+        select_one()
+        clock.advance(30)
+        with calls_that(lose), pytest.raises(OperationalError):
+            select_one()
+        assert health.observe().reachable
+        connection.close()
+        clock.advance(0.2)
+        select_one()  # reconnected and answered
+    clock.advance(5)
+    assert health.observe().reachable
+    assert changes == []
+
+
+def test_a_broken_connection_no_call_answers_after_is_an_outage_after_the_stall_bound(
+    health: DatabaseHealth, clock: SettableClock, changes
+) -> None:
+    def lose() -> None:
+        raise LOST
+
+    with health.thread(control=False):
+        select_one()
+        with calls_that(lose), pytest.raises(OperationalError):
+            select_one()
+    broke = clock.monotonic()
+    clock.advance(LIMIT_S + STALL_MARGIN_S - 0.01)
+    assert health.observe().reachable
+    clock.advance(0.01)
+    state = health.observe()
+    assert not state.reachable and state.since == broke
+    assert [c.reachable for c in changes] == [False]
+
+
+def test_a_failed_reconnect_after_a_broken_connection_is_an_outage_at_once(
+    health: DatabaseHealth, clock: SettableClock, changes, monkeypatch
+) -> None:
+    def lose() -> None:
+        raise LOST
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise MySQLdb.OperationalError(2003, "Can't connect to server on '127.0.0.1' (111)")
+
+    with health.thread(control=False):
+        select_one()
+        with calls_that(lose), pytest.raises(OperationalError):
+            select_one()
+        connection.close()
+        monkeypatch.setattr(connection, "get_new_connection", refuse)
+        clock.advance(0.1)
+        # Django wraps the driver's error on MariaDB; the test database may be another.
+        with pytest.raises((OperationalError, MySQLdb.OperationalError)):
+            select_one()
+        monkeypatch.undo()
+    state = health.observe()
+    assert not state.reachable and state.reason.startswith("connecting of ")
+    assert [c.reachable for c in changes] == [False]
+
+
+def test_a_slow_failure_of_an_open_connection_is_not_taken_for_a_left_over_one(
+    health: DatabaseHealth, clock: SettableClock
+) -> None:
+    """A statement that failed only after the stall bound (a read timeout on a hung path) counts
+    at once."""
+
+    def stall_then_lose() -> None:
+        clock.advance(LIMIT_S + STALL_MARGIN_S)
+        raise LOST
+
+    with health.thread(control=False):
+        select_one()
+        with calls_that(stall_then_lose), pytest.raises(OperationalError):
+            select_one()
+    assert not health.observe().reachable
 
 
 def test_an_answer_to_a_call_begun_before_the_failure_proves_nothing(
@@ -222,6 +310,7 @@ def test_an_answer_to_a_call_begun_before_the_failure_proves_nothing(
     failed.set()
     assert answered.wait(5)
     thread.join(5)
+    clock.advance(LIMIT_S + STALL_MARGIN_S)  # past the wait for a reconnect
     assert not health.observe().reachable
 
 
@@ -288,6 +377,7 @@ def test_nested_watchers_restore_the_outer_one(clock: SettableClock) -> None:
             pass
         with calls_that(lose), pytest.raises(OperationalError):
             select_one()
+    clock.advance(LIMIT_S + STALL_MARGIN_S)  # no answer since the break
     assert not outer.observe().reachable
     assert inner.observe().reachable
 
