@@ -31,6 +31,11 @@ S = ExecutionStatus
 FINISH_BATCH = 200
 # How long outcomes are retried while the database cannot be reached (seconds).
 FINISH_RETRY_S = 60.0
+# The longest wait between two tries of a batch (seconds). Outcomes not yet written count against
+# the node's capacity beyond a budget, so after an outage the node claims again only once they are
+# written: a wait of 2 s here once kept nodes full for that long after the database was back (a
+# chaos run's slow recoveries). A try while the database is down is one failed connect.
+FINISH_RETRY_MAX_WAIT_S = 0.5
 # After the first outcome of a batch arrives, how long the finisher gathers more before writing
 # (seconds). Bodies due together end together: one write for them, not one per few, keeps the
 # finisher's transactions from competing with the bodies still starting. Locks and capacity do
@@ -185,7 +190,7 @@ class Finisher:
                     break
                 if attempt == 1 or attempt % 10 == 0:
                     logger.warning("writing %d outcomes failed (%s); retrying", len(batch), exc)
-                self.clock.sleep(min(2.0, 0.1 * 2 ** min(attempt, 5)))
+                self.clock.sleep(min(FINISH_RETRY_MAX_WAIT_S, 0.1 * 2 ** min(attempt, 5)))
             except Exception:
                 logger.exception("writing %d outcomes failed", len(batch))
                 close_old_connections()
