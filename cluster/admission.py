@@ -40,7 +40,8 @@ past the lock's TTL, not yet declared dead): then the run waits until the cluste
 node gone and ends its run lost, so no successor starts beside a body still counted as running.
 Without the lock, forbid skips a run only when a run known to be active
 (its node renews its presence) was already running at this run's due instant and still is
-FORBID_SETTLE_S later (the same run found at two looks): a predecessor whose body has just ended but
+FORBID_SETTLE_S later (the same run found at two looks), and its node's presence, renewed at or
+after that instant, lists its body as running: a predecessor whose body has just ended but
 whose outcome is not written yet
 (the finisher batches its writes) is not active, and the run starts that much late instead of
 being skipped. A previous run that started *after* that instant (both were late, e.g. catching up
@@ -94,6 +95,9 @@ class Blocker:
     silent: bool = False
     # Which run it is (a skip needs the same run found blocking at two looks).
     execution_id: int | None = None
+    # When its node last listed its body as running (the node's presence; None: not listed). A
+    # skip needs a listing at or after the skipped run's due instant.
+    listed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,12 @@ def decided_without_the_job(facts: Facts) -> bool:
     return is_stale(facts) or is_superseded(facts)
 
 
+def waited_past_grace(facts: Facts) -> bool:
+    """A run kept waiting (for the job lock, a predecessor, an older fire) longer than its misfire
+    grace, at least a second, since it was due or became runnable: it is skipped."""
+    return facts.now > max(facts.due, facts.runnable_since) + max(facts.grace_s, 1)
+
+
 def admit(facts: Facts) -> Decision:
     if is_stale(facts):
         return Skip(REASON_MISFIRE_STALE.format(grace=_seconds(facts.grace_s)))
@@ -196,8 +206,7 @@ def admit(facts: Facts) -> Decision:
         # silent, perhaps frozen inside the body. Starting now would run beside a body the cluster
         # has not given up on; wait until it does (the node is declared gone and the run ended
         # lost, recorded as indeterminate) or the node speaks again.
-        give_up = max(facts.due, facts.runnable_since) + max(facts.grace_s, 1)
-        if facts.now > give_up:
+        if waited_past_grace(facts):
             return Skip(REASON_LOCK_WAIT.format(grace=_seconds(facts.grace_s)))
         return Wait(WAIT_POLL_S)
     blocker = facts.blocker
@@ -214,16 +223,26 @@ def admit(facts: Facts) -> Decision:
         settled_at = facts.due + FORBID_SETTLE_S
         if facts.now < settled_at:
             return Wait(max(0.001, min(WAIT_POLL_S, settled_at - facts.now)))
-        if facts.seen_blocker is not None and facts.seen_blocker == blocker.execution_id:
+        if (
+            facts.seen_blocker is not None
+            and facts.seen_blocker == blocker.execution_id
+            and blocker.listed_at is not None
+            and blocker.listed_at >= facts.due_instant
+        ):
             return Skip(REASON_FORBID)
         # The same run must be found blocking at two looks: the lock taken may be a newer run's
         # that had not yet marked its row running when the blockers were read, while the latest
         # row found is an older run whose outcome is not written yet (a database outage; the
         # chaos run found two such skips). Look again: the next look finds the newer run, which
-        # started after this run's instant, and waits for it.
+        # started after this run's instant, and waits for it. And the body must be listed as
+        # running by its own node at or after this run's instant (its presence, renewed every
+        # heartbeat): a lock released late and a row written late (a slow path of the holder's
+        # node, a finisher behind) both look like a live body at two looks (a chaos run found
+        # five such skips); a body its node lists after the instant was running at it.
+        if waited_past_grace(facts):
+            return Skip(REASON_LOCK_WAIT.format(grace=_seconds(facts.grace_s)))
         return Wait(WAIT_POLL_S)
-    give_up = max(facts.due, facts.runnable_since) + max(facts.grace_s, 1)
-    if facts.now > give_up:
+    if waited_past_grace(facts):
         return Skip(REASON_LOCK_WAIT.format(grace=_seconds(facts.grace_s)))
     if facts.older_waiting and facts.older_unclaimed:
         # Waiting here would hold a claim, and so capacity, for a run that cannot go before one

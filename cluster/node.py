@@ -515,6 +515,15 @@ class NodeRunner:
                 payload["partition_lag"] = self.partition_watch.state  # the overview's
         if self.draining:
             payload["draining"] = True  # not counted among the nodes that share the partitions
+        # The bodies running here, and when they were listed (the cluster's time, taken before
+        # the list): a forbid run is skipped behind a predecessor only once its node lists that
+        # body at or after the run's due instant. A lock or a row that is late to say the body
+        # ended (a slow path of this node) is not evidence that it runs.
+        listed_at_ms = int(self.clock.now() * 1000)
+        bodies = self.executor.body_ids()
+        if bodies:
+            payload["bodies"] = bodies
+            payload["bodies_at_ms"] = listed_at_ms
         released = self.executor.released_ids()
         if released:
             # Bodies whose job lock this node gave up (it could not do their work): a successor
@@ -534,7 +543,6 @@ class NodeRunner:
             payload["database_since_ms"] = int(
                 (self.clock.now() - (self.clock.monotonic() - since)) * 1000
             )
-            payload["bodies"] = self.executor.body_ids()
             payload["unstarted"] = self.executor.refused_ids()
         try:
             continuous = self.membership.renew(payload)

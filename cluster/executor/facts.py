@@ -125,10 +125,27 @@ def newer_due(items: list[Scheduled], *, now: datetime) -> dict[int, tuple[int, 
 def released(presence: dict[str, Any] | None, execution_id: int) -> bool:
     """Whether a live node says it gave this run's job lock up while the body ran (it could no
     longer do the run's work): its body may still be inside the task, unrecorded."""
+    return _listed(presence, "released", execution_id)
+
+
+def _listed(presence: dict[str, Any] | None, key: str, execution_id: int) -> bool:
+    """Whether the presence's list under ``key`` holds the run (a list of ids; anything else
+    holds nothing)."""
     try:
-        return execution_id in {int(pk) for pk in (presence or {}).get("released") or ()}
+        return execution_id in {int(pk) for pk in (presence or {}).get(key) or ()}
     except (TypeError, ValueError):
         return False
+
+
+def body_listed_at(presence: dict[str, Any] | None, execution_id: int) -> float | None:
+    """When the run's node last listed the run's body as running (the cluster's time, seconds),
+    if its newest presence lists it."""
+    if not _listed(presence, "bodies", execution_id):
+        return None
+    try:
+        return int(presence["bodies_at_ms"]) / 1000  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def cut_off_body(presence: dict[str, Any] | None, execution_id: int) -> bool:
@@ -136,10 +153,7 @@ def cut_off_body(presence: dict[str, Any] | None, execution_id: int) -> bool:
     the body's lock up past the dead threshold, and its presence may not say so yet)."""
     if not presence or presence.get("database") != UNREACHABLE:
         return False
-    try:
-        return execution_id in {int(pk) for pk in presence.get("bodies") or ()}
-    except (TypeError, ValueError):
-        return False
+    return _listed(presence, "bodies", execution_id)
 
 
 def blockers(
@@ -224,6 +238,7 @@ def blockers(
                 # on. A run holding the lock waits, as behind a node gone silent.
                 silent=state == Liveness.SUSPECT or given_up or cut_off_body(presence, other.pk),
                 execution_id=other.pk,
+                listed_at=body_listed_at(presence, other.pk),
             )
     if gone:
         with transaction.atomic():

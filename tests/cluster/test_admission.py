@@ -39,8 +39,8 @@ BASE = Facts(
     claiming=True,
     lock=Lock.HELD,
 )
-# Running when this one fell due (the run with id 7).
-ACTIVE_BEFORE = Blocker(started_at=DUE - 0.5, certain=True, execution_id=7)
+# Running when this one fell due (the run with id 7), its body listed by its node since.
+ACTIVE_BEFORE = Blocker(started_at=DUE - 0.5, certain=True, execution_id=7, listed_at=DUE + 0.1)
 ACTIVE_AFTER = Blocker(started_at=DUE + 0.5, certain=True)  # a late run started after our instant
 EXPIRING = Blocker(started_at=DUE - 0.5, certain=False)  # its node stopped renewing
 SILENT = Blocker(started_at=DUE - 0.5, certain=False, silent=True)  # frozen, not yet declared dead
@@ -100,6 +100,39 @@ CASES = [
         "forbid-active-at-instant-and-after-the-settle",
         facts(now=DUE + FORBID_SETTLE_S, lock=Lock.TAKEN, blocker=ACTIVE_BEFORE, seen_blocker=7),
         Skip(REASON_FORBID),
+    ),
+    # Its node has not listed its body as running since this run's instant (a body that ended
+    # while its lock's release and its outcome are late): no skip; waited for, up to the grace.
+    (
+        "forbid-same-blocker-not-listed-since-the-instant-waits",
+        facts(
+            now=DUE + FORBID_SETTLE_S,
+            lock=Lock.TAKEN,
+            blocker=dataclasses.replace(ACTIVE_BEFORE, listed_at=DUE - 0.1),
+            seen_blocker=7,
+        ),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "forbid-same-blocker-never-listed-waits",
+        facts(
+            now=DUE + FORBID_SETTLE_S,
+            lock=Lock.TAKEN,
+            blocker=dataclasses.replace(ACTIVE_BEFORE, listed_at=None),
+            seen_blocker=7,
+        ),
+        Wait(WAIT_POLL_S),
+    ),
+    (
+        "forbid-same-blocker-never-listed-past-the-grace",
+        facts(
+            scheduled=False,  # a manual run: no misfire staleness first
+            now=DUE + GRACE + 0.01,
+            lock=Lock.TAKEN,
+            blocker=dataclasses.replace(ACTIVE_BEFORE, listed_at=None),
+            seen_blocker=7,
+        ),
+        Skip(REASON_LOCK_WAIT.format(grace=GRACE)),
     ),
     # A first look after the settle (a late claim): the lock may be a newer run's whose row was
     # not marked running yet when the blockers were read; look again before skipping.

@@ -570,8 +570,6 @@ def test_a_run_while_another_of_the_job_is_running(
 ):
     path = tmp_path / "r"
     job = make_job("overlap", "test.record", kwargs={"path": str(path)}, concurrency_policy=policy)
-    if other_presence_ms is not None:
-        executor.backend.heartbeat("other-node", other_presence_ms, {})
     if other_lock_ms is not None:
         assert executor.backend.acquire_lock(f"job:{job.pk}", other_lock_ms) is not None
     now = timezone.now()
@@ -585,6 +583,15 @@ def test_a_run_while_another_of_the_job_is_running(
         node="other-node",
         claim_token="other-token",
     )
+    if other_presence_ms is not None:
+        # Its node's presence lists the body as running while its lock is held (a renewal that
+        # comes after this run's instant: the listing is stamped a minute ahead).
+        presence = (
+            {"bodies": [other.pk], "bodies_at_ms": int((now.timestamp() + 60) * 1000)}
+            if other_lock_ms is not None
+            else {}
+        )
+        executor.backend.heartbeat("other-node", other_presence_ms, presence)
     execution = submit(job)
 
     done = run_to_outcome(executor, execution)

@@ -41,9 +41,9 @@ def forbid_job(name: str) -> Job:
     )
 
 
-def running_row(job: Job, *, slot_ago_s: float, started_ago_s: float, token: str) -> None:
+def running_row(job: Job, *, slot_ago_s: float, started_ago_s: float, token: str) -> JobExecution:
     now = timezone.now()
-    JobExecution.objects.create(
+    return JobExecution.objects.create(
         job=job,
         scheduled_for=now - timedelta(seconds=slot_ago_s),
         run_after=now - timedelta(seconds=slot_ago_s),
@@ -54,6 +54,11 @@ def running_row(job: Job, *, slot_ago_s: float, started_ago_s: float, token: str
     )
 
 
+def listing(*runs: JobExecution) -> dict[str, object]:
+    """A node's presence that lists these runs' bodies as running now."""
+    return {"bodies": [r.pk for r in runs], "bodies_at_ms": int(timezone.now().timestamp() * 1000)}
+
+
 def late_run_behind_a_taken_lock(
     name: str,
 ) -> tuple[Executor, SettableClock, Job, JobExecution]:
@@ -61,9 +66,10 @@ def late_run_behind_a_taken_lock(
     and still marked running, and a run of the job due 1 s ago, claimed and looked at once."""
     executor, _, clock, backend = stepped_executor(name, capacity=8)
     job = forbid_job(name)
-    backend.heartbeat("other-node", TTL_MS, {})  # the other runs' node is alive
     assert backend.acquire_lock(f"job:{job.pk}", TTL_MS) is not None
-    running_row(job, slot_ago_s=3, started_ago_s=3, token="older")
+    older = running_row(job, slot_ago_s=3, started_ago_s=3, token="older")
+    # The other runs' node is alive and lists the older run's body as running now.
+    backend.heartbeat("other-node", TTL_MS, listing(older))
     late = services.job_trigger(job_id=job.pk, by=services.SYSTEM)
     JobExecution.objects.filter(pk=late.pk).update(run_after=timezone.now() - timedelta(seconds=1))
     assert executor.claim_once() == 1
@@ -86,6 +92,33 @@ def test_a_late_run_looks_twice_before_it_skips_behind_a_row_the_lock_may_not_be
 def test_the_same_blocker_at_two_looks_is_skipped_behind():
     """The rule still skips: the run found active at this run's instant, at two looks."""
     executor, clock, _, late = late_run_behind_a_taken_lock("late-forbid-2")
+    clock.advance(WAIT_POLL_S)
+    executor.starter_step()
+    row = JobExecution.objects.get(pk=late.pk)
+    assert (row.status, row.reason) == (S.SKIPPED, REASON_FORBID)
+
+
+def test_a_blocker_its_node_does_not_list_as_running_since_the_instant_is_waited_for():
+    """The lock is taken and the same run found blocking at two looks, but its node's newest
+    presence does not list its body (it ended; the lock's release and the row's outcome are late
+    over a slow path of that node): not skipped. Once the node lists it, it is (a chaos run found
+    five skips behind bodies that had ended)."""
+    executor, clock, job, late = late_run_behind_a_taken_lock("late-forbid-3")
+    older = JobExecution.objects.get(job=job, claim_token="older")
+    backend = executor.backend
+    backend.heartbeat("other-node", TTL_MS, {})  # lists no body
+    for _ in range(3):
+        clock.advance(WAIT_POLL_S)
+        executor.starter_step()
+        assert JobExecution.objects.get(pk=late.pk).status == S.PENDING
+    stale = listing(older)
+    due = JobExecution.objects.get(pk=late.pk).run_after
+    stale["bodies_at_ms"] = int((due - timedelta(seconds=0.1)).timestamp() * 1000)
+    backend.heartbeat("other-node", TTL_MS, stale)  # listed, but before the run's instant
+    clock.advance(WAIT_POLL_S)
+    executor.starter_step()
+    assert JobExecution.objects.get(pk=late.pk).status == S.PENDING
+    backend.heartbeat("other-node", TTL_MS, listing(older))
     clock.advance(WAIT_POLL_S)
     executor.starter_step()
     row = JobExecution.objects.get(pk=late.pk)
