@@ -272,17 +272,22 @@ class DatabaseHealth:
         seconds and counts as a connection error, instead of holding its runs for the driver's
         default); its calls are otherwise watched as work (no stall judged, no round trip
         kept)."""
-        previous = (getattr(_local, "health", None), getattr(_local, "control", False))
-        _local.health, _local.control = self, control
+        previous = (
+            getattr(_local, "health", None),
+            getattr(_local, "control", False),
+            getattr(_local, "limit_s", None),
+        )
         if control:
             limit: float | None = self.limit_s
         else:
             limit = bounded_limit_s(self.limit_s) if bounded else None
+        # The server-side limit this thread's statements run under (None: the defaults).
+        _local.health, _local.control, _local.limit_s = self, control, limit
         _instrument(connection, limit)
         try:
             yield
         finally:
-            _local.health, _local.control = previous
+            _local.health, _local.control, _local.limit_s = previous
 
     def _began(self, what: str, control: bool) -> int:
         with self._lock:

@@ -240,14 +240,18 @@ def _loop(
     health: DatabaseHealth | None = None,
     *,
     control: bool = False,
+    watch: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> None:
     """Run ``body`` until stopped; it returns how long to wait before the next pass. With
-    ``health``, the pass's database calls are watched (see cluster.dbhealth); a pass that failed
-    because the database could not be reached is not logged here: the node's health says it once
-    for the whole outage."""
-    watch = (
-        (lambda: health.thread(control=control)) if health is not None else contextlib.nullcontext
-    )
+    ``health``, the pass's database calls are watched (see cluster.dbhealth), as a control thread
+    or as work, or within ``watch()`` when given; a pass that failed because the database could
+    not be reached is not logged here: the node's health says it once for the whole outage."""
+    if watch is None:
+        watch = (
+            (lambda: health.thread(control=control))
+            if health is not None
+            else contextlib.nullcontext
+        )
     while not stop.is_set():
         try:
             with watch():
@@ -355,7 +359,7 @@ class NodeRunner:
         self.executor.on_room = self._wake_claim.set
         self.executor.database_able = self.database.able
         self.executor.database_cut_for = self._database_cut_for
-        self.executor.starter.watch = lambda: self.database.thread(control=False, bounded=True)
+        self.executor.starter.watch = self.bounded_work
         self._add_seats(1)
         self.pace = Pace(
             node_id=config.node_id,
@@ -409,6 +413,15 @@ class NodeRunner:
         """Able to do a leader's work: its path keeps up (cluster.pace), and its clock is the
         database's (a node started during a step of its machine's clock would date fires wrong)."""
         return self.clock_synced() and self.pace.can_lead()
+
+    def bounded_work(self) -> contextlib.AbstractContextManager[None]:
+        """The scope of this node's admissions and claims: watched as work, with the bounded
+        work thread's limits (``cluster.dbhealth.bounded_limit_s``). A claim or an admission
+        statement that no answer comes back to (a connection left over from a server killed
+        mid-statement behind a proxy, a path that hangs) fails within seconds; with the driver's
+        default read timeout (20 s) a chaos run's database restarts kept nodes claiming nothing
+        for 20 s while their peers ran everything."""
+        return self.database.thread(control=False, bounded=True)
 
     def clock_synced(self) -> bool:
         return self.timekeeper is None or self.timekeeper.synced
@@ -1095,6 +1108,7 @@ class NodeRunner:
         body: Callable[[], float],
         *,
         control: bool,
+        watch: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
         least: Callable[[], float] = lambda: 0.0,
     ) -> None:
         """Run ``body`` until stopped; after a pass, wait the delay it returned or until ``wake``
@@ -1104,7 +1118,7 @@ class NodeRunner:
             wait_after_pass(body(), least(), stop=self.stop_event, wake=wake)
             return 0.0
 
-        _loop(name, self.stop_event, step, self.database, control=control)
+        _loop(name, self.stop_event, step, self.database, control=control, watch=watch)
 
     def register_when_reachable(self, stop: threading.Event) -> bool:
         """Register, waiting for the database and the coordination backend as long as it takes
@@ -1133,7 +1147,16 @@ class NodeRunner:
     def start(self, *, registered: bool = False) -> None:
         if not registered:
             self.register()
-        loops: list[tuple[str, Callable[[], None]]] = [
+        for name, target in self.loops():
+            thread = threading.Thread(
+                target=target, name=f"{self.config.node_id}:{name}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def loops(self) -> list[tuple[str, Callable[[], None]]]:
+        """The node's threads: each one's name and what it runs until the node stops."""
+        return [
             ("election", lambda: self.run_elections(self._election_stop)),
             ("presence", lambda: _loop("presence", self.stop_event, self.presence_once)),
             ("dbwatch", lambda: _loop("dbwatch", self.stop_event, self.watch_database_once)),
@@ -1156,6 +1179,7 @@ class NodeRunner:
                     self._wake_claim,
                     self.claim_once,
                     control=False,
+                    watch=self.bounded_work,
                     least=lambda: self.claim_spacing_s,
                 ),
             ),
@@ -1168,12 +1192,6 @@ class NodeRunner:
             ),
             ("wake", self._listen_wake),
         ]
-        for name, target in loops:
-            thread = threading.Thread(
-                target=target, name=f"{self.config.node_id}:{name}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
 
     def shutdown(self) -> None:
         """Graceful drain: stop claiming, hand leadership over at once, finish or hand back work."""

@@ -229,7 +229,31 @@ def test_admissions_are_watched_with_bounds_and_a_cut_off_node_counts_how_long()
     with runner.executor.starter.watch():
         assert dbhealth._local.health is runner.database
         assert dbhealth._local.control is False
+        assert dbhealth._local.limit_s == dbhealth.bounded_limit_s(runner.database.limit_s)
     assert runner.executor.database_cut_for() == 0.0
+
+
+def test_claim_passes_run_with_the_bounded_work_limits(monkeypatch) -> None:
+    """The claim loop's statements are bounded as admissions' are: one that no answer comes back
+    to fails within seconds, not after the driver's default read timeout."""
+    from cluster import dbhealth
+
+    runner = NodeRunner(NodeConfig(node_id="bounded-claims"), backend=MemoryBackend())
+    seen: list[tuple[object, bool, float | None]] = []
+
+    def claim_once() -> float:
+        seen.append((dbhealth._local.health, dbhealth._local.control, dbhealth._local.limit_s))
+        runner.stop_event.set()
+        return 0.0
+
+    monkeypatch.setattr(runner, "claim_once", claim_once)
+    claim_loop = dict(runner.loops())["claim"]
+    thread = threading.Thread(target=claim_loop, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    bound = dbhealth.bounded_limit_s(runner.database.limit_s)
+    assert seen == [(runner.database, False, bound)]
 
 
 # --- a loop's wait after a pass (the claim loop's spacing) -----------------------------------------
