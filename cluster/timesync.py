@@ -24,9 +24,16 @@ CLOCK_WARN_S = 0.5  # a machine clock further off than this is worth a warning
 # round trip of R can put the node's time off by up to R / 2 (a request held by a link and answered
 # at once). A reading is used only when its round trip is at most this, or at most 1.5 times the
 # median of the node's last few round trips (a database far away); others are dropped (the next
-# one comes with the next heartbeat after CLOCK_SYNC_S).
+# one comes with the next heartbeat after CLOCK_SYNC_S). The median is of the readings used: a slow
+# path's readings, dropped, must not make themselves typical (a chaos run's slowed database link,
+# +0.13 s each way for 10 s, filled the list with its round trips; the next one was used and put a
+# node 70 ms ahead, and it started 32 bodies 0.07 s before their instant).
 MAX_READING_RTT_S = 0.02
 RTT_SLACK = 1.5
+# A node that has used no reading for this long takes one as a first reading is taken (a round trip
+# up to FIRST_READING_MAX_RTT_S): a database moved further away for good is followed, at an error
+# of at most half that round trip, rather than left to the monotonic clock's drift.
+CLOCK_STALE_S = 60.0
 # Until its first reading a node has only its machine's clock, which may be stepped (a node started
 # during a bad NTP step): the first reading is taken with a round trip of up to this (its error is
 # at most half of it), and the node claims nothing before it has one.
@@ -53,7 +60,9 @@ class TimeKeeper:
         self.clock = clock
         self._last = -CLOCK_SYNC_S
         self._off = False
+        # The round trips of the last readings used, and when the last one was taken.
         self._rtts: deque[float] = deque(maxlen=5)
+        self._last_used = clock.monotonic()
         # Whether the clock has had a reading (before it, it is the machine's own clock).
         self.synced = False
 
@@ -77,12 +86,13 @@ class TimeKeeper:
         received = self.clock.monotonic()
         rtt = received - sent
         typical = statistics.median(self._rtts) if self._rtts else 0.0
-        self._rtts.append(rtt)
-        bound = FIRST_READING_MAX_RTT_S if not self.synced else MAX_READING_RTT_S
+        stale = received - self._last_used >= CLOCK_STALE_S
+        bound = FIRST_READING_MAX_RTT_S if not self.synced or stale else MAX_READING_RTT_S
         if rtt > max(bound, RTT_SLACK * typical):
             return False
+        self._rtts.append(rtt)
         self.synced = True
-        self._last = received
+        self._last = self._last_used = received
         offset = self.clock.sync(reference, sent_mono=sent, received_mono=received)
         node_metrics.clock_offset(offset)
         off = abs(offset) > CLOCK_WARN_S

@@ -10,7 +10,13 @@ import pytest
 
 from cluster import timesync
 from cluster.clock import ReferenceClock, SettableClock
-from cluster.timesync import CLOCK_SYNC_S, FIRST_READING_MAX_RTT_S, TimeKeeper, database_time
+from cluster.timesync import (
+    CLOCK_STALE_S,
+    CLOCK_SYNC_S,
+    FIRST_READING_MAX_RTT_S,
+    TimeKeeper,
+    database_time,
+)
 
 
 class SteppableClock(SettableClock):
@@ -96,6 +102,35 @@ def test_a_reading_with_a_long_round_trip_is_dropped(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(timesync, "database_time", lambda: machine.now() + 5.0)
     assert keeper.maybe_sync()
     assert clock.now() == pytest.approx(machine.now() + 5.0)
+
+
+def test_a_slow_path_s_readings_do_not_make_themselves_typical(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A link slowed for a while: every reading over it is dropped, however many there are (the
+    round trips of dropped readings used to become the typical one, and the next slow reading was
+    used, its error up to half its round trip). Past CLOCK_STALE_S without a reading used, one is
+    taken as a first reading would be."""
+    machine = SteppableClock(start=1_000.0)
+    clock = ReferenceClock(machine)
+    keeper = TimeKeeper("n1", clock)
+    monkeypatch.setattr(timesync, "database_time", lambda: machine.now() + 3.0)
+    assert keeper.maybe_sync()  # a quick first reading
+
+    def held() -> float:
+        machine.advance(0.26)  # the request waited on the link; the server answers at once
+        return machine.now() + 3.0
+
+    monkeypatch.setattr(timesync, "database_time", held)
+    used = []
+    for _ in range(20):  # ten seconds of heartbeats
+        machine.advance(0.5)
+        used.append(keeper.maybe_sync())
+    assert not any(used)
+    assert clock.now() == pytest.approx(machine.now() + 3.0)
+    machine.advance(CLOCK_STALE_S)
+    assert keeper.maybe_sync()  # nothing used for a minute: the slow reading is taken
+    assert clock.now() == pytest.approx(machine.now() + 3.0 + 0.13)
 
 
 def test_the_first_reading_takes_a_slower_round_trip_and_is_retried(
