@@ -971,7 +971,9 @@ class NodeRunner:
                 now=now,
                 dead_after=dead_after,
                 live=set(presences),
-                cut_off=reaper.read_cut_off(presences, now=now, after=dead_after),
+                cut_off=reaper.read_cut_off(
+                    presences, now=now, after=dead_after, itself=self.config.node_id
+                ),
             )
             if reaped.dead_nodes or reaped.stuck or reaped.cut_off_nodes:
                 logger.warning(

@@ -52,13 +52,20 @@ class CutOff:
 
 
 def read_cut_off(
-    presences: dict[str, dict[str, object]], *, now: datetime, after: timedelta
+    presences: dict[str, dict[str, object]],
+    *,
+    now: datetime,
+    after: timedelta,
+    itself: str | None = None,
 ) -> dict[str, CutOff]:
     """The live nodes whose presence says they have not reached the database for ``after``
-    (payloads as ``backend.live_nodes()`` returns them; a malformed one is ignored)."""
+    (payloads as ``backend.live_nodes()`` returns them; a malformed one is ignored). ``itself``,
+    the node reading (a leader reaching its database now), is never among them: its presence may
+    still say what it wrote before the database came back, and a chaos run's leader, elected the
+    moment it answered again, ended its own runs lost while their admissions were starting them."""
     found: dict[str, CutOff] = {}
     for node_id, payload in presences.items():
-        if payload.get("database") != "unreachable":
+        if node_id == itself or payload.get("database") != "unreachable":
             continue
         try:
             since_ms = float(payload["database_since_ms"])  # type: ignore[arg-type]

@@ -288,3 +288,15 @@ def test_read_cut_off_takes_nodes_unreachable_for_long_enough_from_their_presenc
     assert list(found) == ["long"]
     assert found["long"].bodies == frozenset({4})
     assert found["long"].since == NOW - 6 * SECOND
+
+
+def test_the_reading_node_never_takes_itself_for_cut_off():
+    """A leader reaching its database now (it is reaping) whose presence, written before the
+    database came back, still says it could not."""
+    ms = NOW.timestamp() * 1000
+    presences: dict[str, dict[str, object]] = {
+        "me": {"database": "unreachable", "database_since_ms": ms - 6000},
+        "other": {"database": "unreachable", "database_since_ms": ms - 6000},
+    }
+
+    assert list(read_cut_off(presences, now=NOW, after=DEAD_AFTER, itself="me")) == ["other"]
