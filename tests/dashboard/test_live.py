@@ -16,6 +16,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.contrib.sessions.models import Session
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -233,6 +234,37 @@ def test_counts() -> None:
         "late": 1,
         "failed_last_hour": 2,
     }
+
+
+@pytest.mark.django_db
+def test_pending_counters_agree_while_runs_arrive_between_statements() -> None:
+    """A late run queued between two of the counters' statements is counted in all of the
+    pending counters or in none: never ``late`` above ``queued``."""
+    now = timezone.now()
+    ids = make_executions(6)
+    JobExecution.objects.filter(pk__in=ids).update(status=S.SUCCEEDED, finished_at=now)
+    late = now - timedelta(seconds=live_protocol.LATE_AFTER_S + 1)
+    arriving = list(ids)
+    busy = False
+
+    def a_run_arrives(execute: Callable[..., Any], *args: Any) -> Any:
+        nonlocal busy
+        result = execute(*args)
+        if not busy and arriving:
+            busy = True
+            try:
+                JobExecution.objects.filter(pk=arriving.pop()).update(
+                    status=S.PENDING, run_after=late, catch_up=True
+                )
+            finally:
+                busy = False
+        return result
+
+    with connection.execute_wrapper(a_run_arrives):
+        counts = live.counts_payload(now=now)
+    assert counts["late"] <= counts["queued"]
+    assert counts["catch_up"] <= counts["queued"]
+    assert arriving, "each statement let a run arrive"
 
 
 @pytest.mark.django_db
