@@ -49,7 +49,7 @@ from cluster.clock import Clock, ReferenceClock, SystemClock
 from cluster.coordination import CoordinationBackend, CoordinationError, Lease, get_backend
 from cluster.dbhealth import UNREACHABLE, DatabaseHealth, Reachability, is_connection_error
 from cluster.elector import LEASE_LOST, STEPPED_DOWN, UNABLE, ElectionConfig, LeaderElector
-from cluster.executor import PREPARE_WORKERS, RECONCILE_AFTER_S, Executor, Runner
+from cluster.executor import PREPARE_WORKERS, RECONCILE_AFTER_S, Executor, NodeRow, Runner
 from cluster.fencing import Fenced, fence_current, fence_raise, tenure
 from cluster.logcontext import process_context, set_process_context
 from cluster.membership import Membership
@@ -358,6 +358,7 @@ class NodeRunner:
         )
         self.executor.on_room = self._wake_claim.set
         self.executor.database_able = self.database.able
+        self.executor.row = NodeRow(write=self._write_row, reachable=self.database.able)
         self.executor.database_cut_for = self._database_cut_for
         self.executor.starter.watch = self.bounded_work
         self._add_seats(1)
@@ -459,9 +460,9 @@ class NodeRunner:
         )
         return node
 
-    def heartbeat_once(self) -> float:
-        if self.timekeeper is not None:
-            self.timekeeper.maybe_sync()
+    def _write_row(self) -> Beat:
+        """This node's row says it is alive now: the heartbeat's write, also made before a run
+        starts after a database outage (``NodeRow``)."""
         beat = services.node_heartbeat(
             node_id=self.config.node_id,
             now=self._now(),
@@ -475,7 +476,13 @@ class NodeRunner:
             logger.warning(
                 "node %s was declared dead; rejoining", self.config.node_id, extra=self._log_extra
             )
-        elif beat == Beat.GONE and not self.stop_event.is_set():
+        return beat
+
+    def heartbeat_once(self) -> float:
+        if self.timekeeper is not None:
+            self.timekeeper.maybe_sync()
+        beat = self.executor.row.write()
+        if beat == Beat.GONE and not self.stop_event.is_set():
             # An operator removed this node's row while it was dead or stopped: register again.
             logger.warning(
                 "node %s was removed from the list; registering again",
@@ -600,9 +607,11 @@ class NodeRunner:
         return DB_WATCH_S
 
     def _database_changed(self, state: Reachability) -> None:
-        """Cut off from the database: a leader gives its lease up now, not at its next renewal."""
+        """Cut off from the database: a leader gives its lease up now, not at its next renewal, and
+        the node's row is owed a write before its next start (``NodeRow``)."""
         node_metrics.database(state.reachable)
         if not state.reachable:
+            self.executor.row.outage()
             self.elector.poke()
         else:
             self.executor.forget_refused()

@@ -16,6 +16,7 @@ process that is killed on timeout or cancel (``runners``).
 
 from cluster.executor.core import PREPARE_AHEAD_S, PREPARE_WORKERS, RECONCILE_AFTER_S, Executor
 from cluster.executor.facts import due_instant
+from cluster.executor.noderow import NodeRow
 from cluster.executor.runners import Runner, ThreadRunner
 from cluster.executor.runs import (
     REASON_BLOCKER_GONE,
@@ -40,6 +41,7 @@ __all__ = [
     "RECONCILE_AFTER_S",
     "ActiveRun",
     "Executor",
+    "NodeRow",
     "Outcome",
     "Runner",
     "ThreadRunner",

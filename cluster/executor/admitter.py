@@ -234,6 +234,10 @@ class Admitter:
                 self.forget(item.execution.pk)
                 settled.add(item.execution.pk)
             return
+        # After a database outage the node's row is written first: the leader may be taking the
+        # runs this node claimed before it, and it takes none once the row says the node answers.
+        # A write that fails sends the batch back to admission like any other failure.
+        outages = host.row.settle()
         config = flow.queues()
         gated: list[tuple[Scheduled, LockWatchdog | None]] = []
         free: list[tuple[Scheduled, LockWatchdog | None]] = []
@@ -243,7 +247,7 @@ class Admitter:
             # Runs of limited jobs and queues first, in a transaction of their own: a limit's
             # lock must not hold up the runs that have none, nor their failure these.
             won, held = self._start_gated(gated)
-            self._launch(gated, won, held, settled)
+            self._launch(gated, won, held, settled, outages)
         if free:
             # Marked running just before the due instant, in one statement whatever their
             # instants (runs already due start now): one commit per batch, not one per run or
@@ -258,7 +262,7 @@ class Admitter:
                     for item, _ in free
                 },
             )
-            self._launch(free, won, {}, settled)
+            self._launch(free, won, {}, settled, outages)
 
     def _launch(
         self,
@@ -266,6 +270,7 @@ class Admitter:
         won: set[int],
         held: dict[int, flow.Held],
         settled: set[int],
+        outages: int,
     ) -> None:
         """After the commit that marked ``won`` running: track and launch those, hand back the
         ones a flow limit held, forget the ones cancelled or taken meanwhile."""
@@ -274,7 +279,13 @@ class Admitter:
         for item, lock in starts:
             execution = item.execution
             if execution.pk in won:
-                run = ActiveRun(execution=execution, due=item.due, lock=lock, epoch=item.epoch)
+                run = ActiveRun(
+                    execution=execution,
+                    due=item.due,
+                    lock=lock,
+                    epoch=item.epoch,
+                    outages=outages,
+                )
                 with books.lock:
                     books.track_active_locked(run)
                 runs.append(run)

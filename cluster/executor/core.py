@@ -7,6 +7,7 @@ with one responsibility, around one set of books:
     starter.py     the batches due now, each admitted in a thread of its own
     admitter.py    admission of a batch: facts, the pure rule, the start in one statement
     selffence.py   the last check before a body starts
+    noderow.py     the node's own row, written again after a database outage before a start
     outcomes.py    a run's outcome queued for the finisher, its lock and capacity freed
     finisher.py    outcomes written in batches
     supervisor.py  runs over though their bodies have not said so; cancel requests
@@ -35,6 +36,7 @@ from cluster.executor.admitter import Admitter
 from cluster.executor.audit import RECONCILE_AFTER_S, reconcile
 from cluster.executor.claimer import Claimer
 from cluster.executor.ledger import Ledger
+from cluster.executor.noderow import NodeRow
 from cluster.executor.outcomes import Outcomes
 from cluster.executor.output import install_output_capture
 from cluster.executor.runners import Runner, ThreadRunner
@@ -105,6 +107,9 @@ class Executor:
         # How long (s) this node has been unable to reach its database (0 while it can).
         self.database_cut_for: Callable[[], float] = lambda: 0.0
         self.on_room: Callable[[], None] = lambda: None
+        # This node's row, owed a write after each database outage before a run starts (the node
+        # gives it its heartbeat write and tells it of outages).
+        self.row = NodeRow()
         self.books = Ledger(capacity=capacity, clock=self.clock)
         # One thread keeps every job lock of this node alive (not one per lock).
         self.keeper = LockKeeper(backend)

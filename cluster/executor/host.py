@@ -10,6 +10,7 @@ from typing import Protocol
 
 from cluster.clock import Clock
 from cluster.coordination import CoordinationBackend, LockKeeper, LockWatchdog
+from cluster.executor.noderow import NodeRow
 from cluster.executor.runners import Runner
 from cluster.executor.runs import ActiveRun, Outcome
 from cluster.membership import Membership
@@ -33,6 +34,8 @@ class Host(Protocol):
     locks_unavailable_until: float  # monotonic: no claims before it (job locks unreachable)
     database_able: Callable[[], bool]
     on_room: Callable[[], None]
+    # This node's row: written again after a database outage before any run starts.
+    row: NodeRow
 
     def now(self) -> datetime: ...
 

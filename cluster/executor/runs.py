@@ -69,6 +69,9 @@ class ActiveRun:
     # body runs on, unrecorded until it returns, and the node names the run in its presence.
     released: bool = False
     epoch: int = 0
+    # The node's database outages counted when its admission marked it running (``NodeRow``): one
+    # since means the leader may have taken it, and its row is read again before its body starts.
+    outages: int = 0
     # Secret values the body was given: scrubbed from what is saved while it runs.
     revealed: list[str] = field(default_factory=list)
     # A process body's output so far, as its child last reported it (None: a thread body).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from cluster.executor.host import Host
 from cluster.executor.ledger import OVERFLOW_WAIT_S, Ledger
@@ -49,7 +49,12 @@ class SelfFence:
         # Checked after the body slot is taken: a run that passes here is already among
         # ``body_ids``, so a presence that says "unreachable" names every body that may run.
         database_ok = host.database_able()
-        if room and lock_ok and database_ok and host.membership.confirmed(run.epoch):
+        taken = False
+        if database_ok and room and lock_ok:
+            ours = self._ours_after_outages(run)
+            database_ok = ours is not None
+            taken = ours is False
+        if room and lock_ok and database_ok and not taken and host.membership.confirmed(run.epoch):
             return True
         if not books.give_up_start(run, refused=not database_ok):
             return False
@@ -74,6 +79,8 @@ class SelfFence:
             why = f"no body of this node ended within {OVERFLOW_WAIT_S} s (it is at capacity)"
         elif not database_ok:
             why = "the database is unreachable"
+        elif taken:
+            why = "the leader took it while this node could not reach the database"
         elif not lock_ok:
             why = "lock no longer certain"
         else:
@@ -90,3 +97,24 @@ class SelfFence:
             extra={"node": host.node_id, "execution": execution.pk},
         )
         return False
+
+    def _ours_after_outages(self, run: ActiveRun) -> bool | None:
+        """After a database outage this node's row is written before any body starts
+        (``NodeRow``), and a run marked running before the outage is read again: the leader may
+        have taken it meanwhile. True: it may start; False: the row is no longer this run's
+        (taken); None: the database did not answer (it does not start either)."""
+        row = self.host.row
+        try:
+            row.settle()
+            if not row.outage_since(run.outages):
+                return True
+            return executions.still_running_here(run.execution)
+        except DatabaseError:
+            logger.warning(
+                "execution %s: the database did not answer the check after an outage",
+                run.execution.pk,
+                exc_info=True,
+                extra={"node": self.host.node_id, "execution": run.execution.pk},
+            )
+            connection.close()
+            return None

@@ -22,6 +22,7 @@ from jobs.executions.claims import (
     hand_back_nodes,
     hand_back_unstarted,
     new_claim_prefix,
+    still_running_here,
 )
 from jobs.executions.rows import attach_jobs
 from jobs.executions.transitions import (
@@ -96,5 +97,6 @@ __all__ = [
     "save_output_so_far",
     "skip",
     "start_batch",
+    "still_running_here",
     "transition",
 ]

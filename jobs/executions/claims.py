@@ -315,6 +315,14 @@ def hand_back_unstarted(execution: JobExecution) -> bool:
     )
 
 
+def still_running_here(execution: JobExecution) -> bool:
+    """Whether the row still says running under this writer's claim token (a read: the leader may
+    have ended it lost, or handed it back, while its node could not reach the database)."""
+    return JobExecution.objects.filter(
+        pk=execution.pk, status=S.RUNNING, claim_token=execution.claim_token
+    ).exists()
+
+
 def hand_back_claims(*, node: str, claimed_before: datetime) -> int:
     """The claimed, unstarted executions ``node`` took before ``claimed_before`` go back to the
     queue (a node cut off from the database since then cannot start them)."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,23 @@ def test_a_drained_leader_records_its_step_down_while_it_still_holds_the_lease(
     assert holders[0] == "step-a"  # the first call writes; later ones find it recorded
     assert LeadershipTerm.objects.get(term=term).end_reason == TermEndReason.STEPPED_DOWN
     assert runner.backend.current_lease(node_module.LEASE_NAME) is None
+
+
+def test_an_outage_leaves_the_row_owed_until_the_heartbeat_writes_it() -> None:
+    """The node tells its executor's ``NodeRow`` of each outage its database watcher judges, and
+    its heartbeat's write is the row's write (what admissions and body starts wait for)."""
+    from cluster.dbhealth import Reachability
+
+    runner = make_runner("owed")
+    SchedulerNode.objects.filter(node_id="owed").update(
+        last_heartbeat=runner._now() - timedelta(hours=1)
+    )
+    runner._database_changed(Reachability(False, "cut", 0.0))
+    assert runner.executor.row.owed
+    runner.heartbeat_once()
+    assert not runner.executor.row.owed
+    beat = SchedulerNode.objects.get(node_id="owed").last_heartbeat
+    assert (runner._now() - beat).total_seconds() < 60
 
 
 def test_admissions_are_watched_with_bounds_and_a_cut_off_node_counts_how_long() -> None:
