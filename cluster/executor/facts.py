@@ -25,6 +25,7 @@ from cluster.executor.runs import REASON_BLOCKER_GONE, Scheduled
 from cluster.membership import Liveness, node_liveness, renewed_at_ms
 from cluster.models import NodeStatus, SchedulerNode
 from jobs import executions
+from jobs.firing import fires_kept
 from jobs.models import JobExecution, Trigger
 from jobs.schedules import spread_offset
 from jobs.states import ExecutionStatus
@@ -256,7 +257,15 @@ def older_waiting(items: list[Scheduled], *, now: datetime) -> dict[int, bool]:
     that one goes first (catch-up runs keep their order, and a catch-up run whose paced instant
     has come goes before its job's on-time fire: a forbid job's runs go one at a time, oldest
     first). Maps each such run to whether one of those earlier fires is held by no node. One
-    query."""
+    query.
+
+    Except an earlier on-time fire that another node holds and that this run, a fire of the
+    schedule now due itself, has already superseded (a job whose misfire policy keeps one fire:
+    that one is skipped at its next look). Waiting for it waited on its node: a node whose
+    database path slowed down holds such a fire, unstarted, for as long as its admission's
+    statements take, and every later fire of the job, claimed by healthy nodes, waited behind
+    it until the next fire superseded them too (a chaos run's job ran nothing for 5.8 s). The
+    job lock still keeps the two from running together."""
     if not items:
         return {}
     pending = list(
@@ -267,21 +276,45 @@ def older_waiting(items: list[Scheduled], *, now: datetime) -> dict[int, bool]:
         )
         # No ORDER BY (the model's is by slot): a sort for nothing, or a walk down the slot index.
         .order_by()
-        .values_list("pk", "job_id", "scheduled_for", "claim_token")
+        .values_list(
+            "pk", "job_id", "scheduled_for", "claim_token", "trigger", "attempt", "catch_up"
+        )
     )
     older: dict[int, bool] = {}
     for item in items:
         execution = item.execution
+        supersedes = _supersedes_held_fires(item, now=now)
         before = [
             token
-            for pk, job_id, scheduled_for, token in pending
+            for pk, job_id, scheduled_for, token, trigger, attempt, catch_up in pending
             if job_id == execution.job_id
             and scheduled_for < execution.scheduled_for
             and pk != execution.pk
+            and not (
+                supersedes
+                and token is not None
+                and trigger == Trigger.SCHEDULE
+                and attempt == 1
+                and not catch_up
+            )
         ]
         if before:
             older[execution.pk] = any(token is None for token in before)
     return older
+
+
+def _supersedes_held_fires(item: Scheduled, *, now: datetime) -> bool:
+    """Whether ``item`` supersedes every earlier on-time fire of its job that is still waiting: it
+    is an on-time fire of the schedule, due now, of a job whose misfire policy keeps one fire
+    (``jobs.firing.fires_kept``; the earlier one is skipped as superseded when it is looked at)."""
+    execution = item.execution
+    job = execution.job
+    return (
+        is_fire(execution)
+        and not execution.catch_up
+        and fires_kept(job.misfire_policy, job.run_all_max) == 1
+        and item.due <= now.timestamp()
+    )
 
 
 def try_job_locks(
