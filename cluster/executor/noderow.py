@@ -35,6 +35,9 @@ class NodeRow:
         self._write = write or (lambda: None)
         self._reachable = reachable or (lambda: True)
         self._lock = threading.Lock()
+        # One settling write at a time: the bodies due at one instant after an outage wait for
+        # the first one's write rather than each writing the same row.
+        self._settling = threading.Lock()
         self._outages = 0  # outages seen so far
         self._paid = 0  # outages a write begun after them has answered for
 
@@ -68,7 +71,9 @@ class NodeRow:
         with self._lock:
             outages = self._outages
         if self._paid < outages:
-            self.write()
+            with self._settling:
+                if self._paid < outages:
+                    self.write()
         return outages
 
     def outage_since(self, count: int) -> bool:

@@ -5,6 +5,8 @@ test plays the runner and the leader's reaper), real rows."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -159,3 +161,23 @@ def test_an_admission_after_the_outage_writes_the_row_before_it_marks_runs_runni
     assert (result.lost, result.unclaimed) == (0, 0)
     assert JobExecution.objects.get(pk=run.execution.pk).status == S.RUNNING
     assert executor.may_start(run)
+
+
+def test_runs_due_together_after_an_outage_wait_for_one_write_of_the_row():
+    writes: list[int] = []
+    release = threading.Event()
+
+    def slow_write() -> None:
+        writes.append(1)
+        release.wait(5)
+
+    row = NodeRow(write=slow_write)
+    row.outage()
+    threads = [threading.Thread(target=row.settle) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)  # every thread is in ``settle`` by now: one writes, the rest wait for it
+    release.set()
+    for thread in threads:
+        thread.join(5)
+    assert writes == [1] and not row.owed
