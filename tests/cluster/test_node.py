@@ -237,6 +237,35 @@ def test_an_outage_leaves_the_row_owed_until_the_heartbeat_writes_it() -> None:
     assert (runner._now() - beat).total_seconds() < 60
 
 
+def test_a_lease_released_message_makes_the_node_count_the_nodes_again_at_once() -> None:
+    """A node that drains or gives partitions back says so on the wake-up channel: the others
+    count the live nodes again then, not when their cached count runs out (the clock here never
+    moves, so only the message can renew it)."""
+    from cluster import announce
+    from cluster.clock import SettableClock
+
+    clock = SettableClock(time.time())
+    backend = MemoryBackend(clock=clock)
+    runner = NodeRunner(NodeConfig(node_id="counts"), backend=backend, clock=clock)
+    assert runner._balance_view()[0] == 1  # alone
+    backend.heartbeat("joined", 60_000, {"leads": []})
+    assert runner._balance_view()[0] == 1  # the cached count
+
+    listener = threading.Thread(target=runner._listen_wake, daemon=True)
+    listener.start()
+    try:
+        wait_for(
+            lambda: (
+                backend.publish(announce.WAKE_CHANNEL, announce.LEASE_RELEASED)
+                or runner._balance_view()[0] == 2
+            ),
+            5,
+        )
+    finally:
+        runner.stop_event.set()
+        listener.join(5)
+
+
 def test_admissions_are_watched_with_bounds_and_a_cut_off_node_counts_how_long() -> None:
     """The node hands its executor the scope its admissions run in (its database's watcher, with
     the bounded work thread's limits) and how long it has been cut off from its database (0 while
