@@ -1,10 +1,11 @@
-"""Rows for the leader's tests (the tick, the reaper): jobs created through the service, runs and
-nodes written directly, on a fixed instant."""
+"""Rows for the leader's tests (the tick, the reaper) and admission's facts: jobs created through
+the service, runs and nodes written directly, on a fixed instant."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from cluster.executor.runs import Scheduled
 from cluster.models import NodeStatus, SchedulerNode
 from jobs.models import Job, JobExecution
 from jobs.services import SYSTEM, job_create
@@ -73,3 +74,9 @@ def make_node(node_id: str, *, heartbeat: datetime) -> SchedulerNode:
         last_heartbeat=heartbeat,
         status=NodeStatus.ACTIVE,
     )
+
+
+def scheduled(execution: JobExecution) -> Scheduled:
+    """The run as a node's starter holds it once claimed (its job loaded, due at its run_after)."""
+    execution = JobExecution.objects.select_related("job").get(pk=execution.pk)
+    return Scheduled(due=execution.run_after.timestamp(), seq=execution.pk, execution=execution)

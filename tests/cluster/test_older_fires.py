@@ -7,20 +7,14 @@ from __future__ import annotations
 import pytest
 
 from cluster.executor import facts as gather
-from cluster.executor.runs import Scheduled
-from jobs.models import JobExecution, Trigger
+from jobs.models import Trigger
 from jobs.states import ExecutionStatus
-from tests.cluster.leader_rows import SECOND, T0, add_execution, make_job
+from tests.cluster.leader_rows import SECOND, T0, add_execution, make_job, scheduled
 
 pytestmark = pytest.mark.django_db
 
 S = ExecutionStatus
 SLOT = T0 + 100 * SECOND
-
-
-def scheduled(execution: JobExecution) -> Scheduled:
-    execution = JobExecution.objects.select_related("job").get(pk=execution.pk)
-    return Scheduled(due=execution.run_after.timestamp(), seq=execution.pk, execution=execution)
 
 
 def fires(*, policy: str = "run_once", held: bool = True, trigger: str = Trigger.SCHEDULE):
