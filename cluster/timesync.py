@@ -60,9 +60,8 @@ class TimeKeeper:
         self.clock = clock
         self._last = -CLOCK_SYNC_S
         self._off = False
-        # The round trips of the last readings used, and when the last one was taken.
+        # The round trips of the last readings used (``_last``: when the last one was taken).
         self._rtts: deque[float] = deque(maxlen=5)
-        self._last_used = clock.monotonic()
         # Whether the clock has had a reading (before it, it is the machine's own clock).
         self.synced = False
 
@@ -86,13 +85,13 @@ class TimeKeeper:
         received = self.clock.monotonic()
         rtt = received - sent
         typical = statistics.median(self._rtts) if self._rtts else 0.0
-        stale = received - self._last_used >= CLOCK_STALE_S
+        stale = received - self._last >= CLOCK_STALE_S
         bound = FIRST_READING_MAX_RTT_S if not self.synced or stale else MAX_READING_RTT_S
         if rtt > max(bound, RTT_SLACK * typical):
             return False
         self._rtts.append(rtt)
         self.synced = True
-        self._last = self._last_used = received
+        self._last = received
         offset = self.clock.sync(reference, sent_mono=sent, received_mono=received)
         node_metrics.clock_offset(offset)
         off = abs(offset) > CLOCK_WARN_S
