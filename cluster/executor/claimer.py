@@ -132,6 +132,9 @@ class Claimer:
             self.idle_reason = "every queue paused"
             self.next_claim_in = flow.CONFIG_TTL_S
             return 0
+        # Runs due now are marked running by the claim itself: like an admission's, after the
+        # node's row is written following an outage, and counting the outages so far.
+        outages = host.row.settle()
         claimed = executions.claim_batch(
             node_id=host.node_id,
             queues=queues,
@@ -166,7 +169,7 @@ class Claimer:
             for execution in claimed if keep else ():
                 due = execution.run_after.timestamp()
                 if execution.status == S.RUNNING:
-                    run = ActiveRun(execution=execution, due=due, epoch=epoch)
+                    run = ActiveRun(execution=execution, due=due, epoch=epoch, outages=outages)
                     books.track_active_locked(run)
                     started.append(run)
                     continue

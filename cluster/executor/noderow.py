@@ -67,9 +67,9 @@ class NodeRow:
         """Write the row first if an outage since the last write left it owed (before a run
         starts). Returns the outages counted before the write: a run marked running after this
         call needs no other check until ``outage_since`` that count. Raises the write's database
-        error: the caller starts nothing then."""
-        with self._lock:
-            outages = self._outages
+        error: the caller starts nothing then. No lock while nothing is owed (every body start
+        asks): an outage counted just after the read is seen by ``outage_since``."""
+        outages = self._outages
         if self._paid < outages:
             with self._settling:
                 if self._paid < outages:

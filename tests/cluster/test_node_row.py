@@ -15,6 +15,7 @@ from cluster.executor.noderow import NodeRow
 from cluster.models import NodeStatus, SchedulerNode
 from cluster.reaper import CutOff, reap_dead_nodes
 from cluster.services import node_heartbeat
+from jobs import executions
 from jobs.models import JobExecution
 from jobs.states import ExecutionStatus
 from tests.cluster.stepped import enqueue, stepped_executor
@@ -181,3 +182,23 @@ def test_runs_due_together_after_an_outage_wait_for_one_write_of_the_row():
     for thread in threads:
         thread.join(5)
     assert writes == [1] and not row.owed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_claimed_after_an_outage_starts_without_being_read_again(monkeypatch):
+    """Only runs marked running before an outage are read again at their start: one claimed
+    (and marked running by its claim) once the database answered again is not, however many
+    outages the node has had before."""
+    executor, runner, clock, reachable = _cut_node("again")
+    _outage(executor, clock, reachable)
+    reads: list[int] = []
+    monkeypatch.setattr(
+        executions, "still_running_here", lambda execution: reads.append(execution.pk) or True
+    )
+    enqueue(1)
+    assert executor.claim_once() == 1
+    (run,) = runner.runs
+
+    assert executor.may_start(run)
+    assert reads == []
+    assert not executor.row.owed  # the claim wrote the row first
