@@ -101,7 +101,7 @@ def new_fire(
     if due is None:
         offset = spread_offset(job.name, job.spread_seconds) if job.spread_seconds else 0.0
         due = slot + timedelta(seconds=offset)
-    return JobExecution(
+    return bulk.maker(JobExecution)(
         job_id=job.pk,
         scheduled_for=slot,
         attempt=1,

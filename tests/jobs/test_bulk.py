@@ -100,3 +100,61 @@ def test_shared_values_are_stored_as_given_quotes_and_percent_signs_included():
     assert [s.reason for s in stored] == [text] * 3
     assert [s.priority for s in stored] == [0, 1, 2]
     assert stored[0].cancel_requested is False and stored[0].created_at == now
+
+
+def test_a_made_instance_equals_the_models_own_in_every_attribute():
+    """bulk.maker builds what Model(**values) builds: every default (callable ones called per
+    instance), the given values, a new instance's state."""
+    job = make_job()
+    now = timezone.now()
+    values = {
+        "job_id": job.pk,
+        "scheduled_for": now,
+        "run_after": now + timedelta(seconds=3),
+        "queue": "q",
+        "term": 4,
+        "reason": "why",
+        "created_at": now,
+    }
+    made, orm = bulk.maker(JobExecution)(**values), JobExecution(**values)
+    for field in JobExecution._meta.concrete_fields:
+        assert getattr(made, field.attname) == getattr(orm, field.attname), field.name
+    assert made._state.adding is True and made._state.db is None
+    assert made.pk is None and made.job == job
+    # A default that is called (created_at: now) is called for each instance.
+    del values["created_at"]
+    first, second = bulk.maker(JobExecution)(**values), bulk.maker(JobExecution)(**values)
+    assert now <= first.created_at <= second.created_at
+    assert first.created_at is not second.created_at
+    with pytest.raises(TypeError, match="no field 'nope'"):
+        bulk.maker(JobExecution)(nope=1)
+
+
+def test_each_rows_own_values_are_stored_as_given_whatever_their_text():
+    """On MariaDB every value is written into the statement's text: text that looks like SQL, a
+    placeholder or a date, numbers, booleans, NULLs and JSON read back as they were given."""
+    job = make_job()
+    now = timezone.now()
+    texts = ["50% off; it's \\ a %s 'quote' -- ü", "2026-12-07 10:00:00", "", "NULL"]
+    rows = [
+        JobExecution(
+            job=job,
+            scheduled_for=now + timedelta(microseconds=k),
+            run_after=now + timedelta(microseconds=k),
+            queue=f"q{k}",
+            priority=-k,
+            reason=text,
+            error=text * 2,
+            duration_ms=None if k % 2 else 1.0 / 3 + k,
+            cancel_requested=bool(k % 2),
+            args=[text, k, None, True] if k != 2 else None,
+            kwargs={"t": text} if k else None,
+            term=None if k == 3 else 10**12 + k,
+        )
+        for k, text in enumerate(texts)
+    ]
+    bulk.insert_instances(rows)
+    for row in rows:
+        stored = JobExecution.objects.get(pk=row.pk)
+        for field in JobExecution._meta.concrete_fields:
+            assert getattr(stored, field.attname) == getattr(row, field.attname), field.name
