@@ -55,6 +55,8 @@ PLAN_FIELDS = (
     "queue",
     "priority",
 )
+# The same, as the tick reads them (the primary key first).
+PLAN_COLUMNS = ("id", *PLAN_FIELDS)
 REASON_REPLACED = "replaced by a newer fire (replace)"
 
 
@@ -151,8 +153,8 @@ def scheduler_tick(
     ):
         return result
     with fenced_transaction(term, fence=partitions.fence_name(partition)):
-        jobs = list(
-            due.select_for_update().order_by("next_fire_at", "pk").only(*PLAN_FIELDS)[:batch_size]
+        jobs = executions.load_rows(
+            due.select_for_update().order_by("next_fire_at", "pk"), PLAN_COLUMNS, batch_size
         )
         if jobs:
             earliest = min(j.next_fire_at for j in jobs if j.next_fire_at is not None)

@@ -24,7 +24,7 @@ from jobs.executions.claims import (
     new_claim_prefix,
     still_running_here,
 )
-from jobs.executions.rows import attach_jobs
+from jobs.executions.rows import attach_jobs, load_rows, select_rows
 from jobs.executions.transitions import (
     ENQUEUE_SLOT_MARGIN,
     ERROR_MAX_CHARS,
@@ -88,6 +88,7 @@ __all__ = [
     "hand_back_nodes",
     "hand_back_unstarted",
     "jsonable_result",
+    "load_rows",
     "new_claim_prefix",
     "new_fire",
     "promote_due_retries",
@@ -95,6 +96,7 @@ __all__ = [
     "request_cancel",
     "request_cancel_jobs",
     "save_output_so_far",
+    "select_rows",
     "skip",
     "start_batch",
     "still_running_here",

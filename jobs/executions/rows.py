@@ -13,15 +13,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Model
+from django.db.models import Model, QuerySet
 
 from jobs.models import Job, JobExecution
 
 
 @functools.cache
-def row_loader(vendor: str, model: type[Model] = JobExecution) -> Callable[[tuple], Any]:
-    """A function from a row of ``model`` (every concrete column, in order) to an instance, equal
-    to what the ORM reads (the tests of claimed rows and of cached jobs compare every field).
+def row_loader(
+    vendor: str, model: type[Model] = JobExecution, names: tuple[str, ...] | None = None
+) -> Callable[[tuple], Any]:
+    """A function from a row of ``model`` (every concrete column, in order; or the fields of
+    ``names``, in that order) to an instance, equal to what the ORM reads (the tests of claimed
+    rows and of cached jobs compare every field). Fields left out of ``names`` are deferred, as
+    ``QuerySet.only`` leaves them: read from the database when first used.
 
     The instance is made without ``Model.__init__`` (its generic handling of positional, keyword
     and deferred values cost more than the row's query): its attributes are set in its
@@ -32,8 +36,12 @@ def row_loader(vendor: str, model: type[Model] = JobExecution) -> Callable[[tupl
     other column or engine goes through the converters themselves."""
     from django.db.models.base import ModelState
 
-    fields = model._meta.concrete_fields
-    names = [field.attname for field in fields]
+    fields = (
+        model._meta.concrete_fields
+        if names is None
+        else [model._meta.get_field(name) for name in names]
+    )
+    attnames = [field.attname for field in fields]
     dates: list[int] = []
     documents: list[int] = []
     flags: list[int] = []
@@ -82,10 +90,51 @@ def row_loader(vendor: str, model: type[Model] = JobExecution) -> Callable[[tupl
         instance = new(model)
         state = instance._state = ModelState()
         state.adding, state.db = False, alias
-        instance.__dict__.update(zip(names, values, strict=True))
+        instance.__dict__.update(zip(attnames, values, strict=True))
         return instance
 
     return load
+
+
+def select_rows(
+    model: type[Model],
+    where: str,
+    params: list[Any],
+    *,
+    names: tuple[str, ...] | None = None,
+    order: str = "",
+) -> list[Any]:
+    """Rows of ``model`` (every field, or those of ``names``, the others deferred) matching
+    ``where`` (SQL over the model's own column names, ``%s`` for ``params``, which are given as
+    the driver takes them: dates adapted by ``connection.ops``), in ``order`` (SQL), made
+    instances by ``row_loader``. For the queries an admission makes per batch: building them
+    through the ORM (its query, its compiler) cost more than running them, which find nothing
+    in the usual case."""
+    q = connection.ops.quote_name
+    meta = model._meta
+    fields = meta.concrete_fields if names is None else [meta.get_field(n) for n in names]
+    columns = ", ".join(q(field.column) for field in fields)
+    sql = f"SELECT {columns} FROM {q(meta.db_table)} WHERE {where}"  # noqa: S608 (names only)
+    if order:
+        sql += f" ORDER BY {order}"
+    load = row_loader(connection.vendor, model, names)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [load(row) for row in cursor.fetchall()]
+
+
+def load_rows(queryset: QuerySet, names: tuple[str, ...], limit: int) -> list[Any]:
+    """``list(queryset.only(*names)[:limit])`` without the ORM's cost per row: the queryset's own
+    statement (its filters, order and row locks) for the columns of ``names`` (the primary key's
+    among them), each row made an instance by ``row_loader``, the other fields deferred. The
+    leader's tick reads its due jobs so: building them through ``Model.from_db`` was an eighth of
+    its pass at 2,000 fires a second."""
+    sliced = queryset.values_list(*names)[:limit]
+    sql, params = sliced.query.get_compiler(using=sliced.db).as_sql()
+    load = row_loader(connection.vendor, queryset.model, names)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [load(row) for row in cursor.fetchall()]
 
 
 def attach_jobs(rows: list[JobExecution], stamps: dict[int, tuple[Any, Any]] | None = None) -> None:

@@ -96,3 +96,24 @@ def test_a_job_given_the_id_of_a_cached_one_is_read_again() -> None:
     reused = Job.objects.get(pk=pk)
     assert reused.version == job.version
     assert cache.current({pk}, _stamps(reused))[pk].name == "other"
+
+
+def test_rows_loaded_for_some_fields_equal_the_orms_only_and_defer_the_rest() -> None:
+    """executions.load_rows: the queryset's own order and limit, the named fields as the ORM reads
+    them, the others deferred (read when used)."""
+    from jobs.executions import load_rows
+
+    for k in range(3):
+        _job(f"only{k}", priority=k)
+    names = ("id", "name", "priority", "next_fire_at", "enabled", "start_at")
+    queryset = Job.objects.filter(name__startswith="only").order_by("-priority")
+    loaded = load_rows(queryset, names, 2)
+    orm = list(queryset.only(*names)[:2])
+    assert [job.pk for job in loaded] == [job.pk for job in orm]
+    for ours, theirs in zip(loaded, orm, strict=True):
+        for name in names:
+            assert getattr(ours, name) == getattr(theirs, name), name
+            assert type(getattr(ours, name)) is type(getattr(theirs, name)), name
+        assert ours.get_deferred_fields() == theirs.get_deferred_fields()
+        assert ours._state.adding is False
+        assert ours.kwargs == {"message": "héllo", "level": "warning"}  # deferred, then read
