@@ -47,12 +47,14 @@ class LockWatchdog:
         self.lost_reason: str | None = None
         self._handle = handle
         self._last_extension = self.clock.monotonic()
-        self._stop = threading.Event()
+        self._stopped = False
         # Set when a node's LockKeeper extends this lock instead of a thread of its own.
         self._keeper: LockKeeper | None = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"lock-watchdog:{handle.name}", daemon=True
-        )
+        # The lock's own thread and its wake-up, made only by ``start``: a node's locks are kept
+        # by its keeper, and making a thread and an event per job lock (a node takes hundreds a
+        # second) was a tenth of its admission's time.
+        self._thread: threading.Thread | None = None
+        self._stop: threading.Event | None = None
 
     @property
     def handle(self) -> LockHandle:
@@ -60,22 +62,32 @@ class LockWatchdog:
         return self._handle
 
     def start(self) -> LockWatchdog:
+        """Extend the lock from a thread of its own."""
+        self._stop = threading.Event()
+        if self._stopped:  # stopped before it started (see ``stop``)
+            self._stop.set()
+        self._thread = threading.Thread(
+            target=self._run, name=f"lock-watchdog:{self._handle.name}", daemon=True
+        )
         self._thread.start()
         return self
 
     @property
     def stopped(self) -> bool:
-        return self._stop.is_set()
+        return self._stopped
 
     def stop(self) -> LockHandle:
         """Stop extending; the caller may release the lock at once. (With a keeper, an extension
         may still be in flight: it cannot bring a released lock back, as every backend extends
         only a lock that still holds our token.)"""
-        self._stop.set()
+        self._stopped = True
+        if (wake := self._stop) is not None:
+            wake.set()
+        thread = self._thread
         if self._keeper is not None:
             self._keeper.forget(self)
-        elif self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join()
+        elif thread is not None and thread.is_alive() and threading.current_thread() is not thread:
+            thread.join()
         return self._handle
 
     def give_up(self, reason: str = LOST_GIVEN_UP) -> LockHandle:
@@ -92,7 +104,10 @@ class LockWatchdog:
         self.stop()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wake = self._stop  # made by start, before the thread
+        if wake is None:
+            return
+        while not wake.wait(self.interval_s):
             if not self.extend_once():
                 return
 

@@ -26,3 +26,23 @@ def test_locks_not_named_by_kept_are_given_up_and_released_at_the_next_pass():
     assert not body.lost.is_set()
     assert backend.acquire_lock("job:body", TTL_MS) is None  # still held
     assert keeper.held == 1
+
+
+def test_a_watchdog_makes_a_thread_only_when_it_extends_its_own_lock():
+    """A kept lock has no thread of its own; a watchdog stopped before it starts extends
+    nothing and its thread ends at once."""
+    backend = MemoryBackend()
+    kept = LockKeeper(backend).keep(
+        LockWatchdog(backend, backend.acquire_lock("job:kept", TTL_MS), TTL_MS)
+    )
+    assert kept._thread is None
+    kept.stop()
+    assert kept.stopped
+
+    handle = backend.acquire_lock("job:own", 300)
+    own = LockWatchdog(backend, handle, 300)
+    own.stop()
+    own.start()
+    own._thread.join(timeout=2)
+    assert not own._thread.is_alive() and own.stopped
+    assert own.handle.extensions == handle.extensions  # never extended
