@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from cluster import node_metrics
 from cluster.admission import Blocker, Facts, Lock
@@ -179,14 +179,17 @@ def blockers(
     """
     if not items:
         return {}
-    others = list(
-        JobExecution.objects.select_related("job")
-        .filter(job_id__in={i.execution.job_id for i in items}, status=S.RUNNING)
-        .exclude(pk__in=[i.execution.pk for i in items])
-        .order_by("-started_at", "-pk")
+    q = connection.ops.quote_name
+    others = executions.select_rows(
+        JobExecution,
+        f"{q('job_id')} IN ({_ids(i.execution.job_id for i in items)}) AND {q('status')} = %s "
+        f"AND {q('id')} NOT IN ({_ids(i.execution.pk for i in items)})",
+        [S.RUNNING],
+        order=f"{q('started_at')} DESC, {q('id')} DESC",
     )
     if not others:
         return {}
+    executions.attach_jobs(others)
     try:
         live = backend.live_nodes()
     except CoordinationError:
@@ -268,39 +271,46 @@ def older_waiting(items: list[Scheduled], *, now: datetime) -> dict[int, bool]:
     job lock still keeps the two from running together."""
     if not items:
         return {}
-    pending = list(
-        JobExecution.objects.filter(
-            job_id__in={i.execution.job_id for i in items},
-            status=S.PENDING,
-            run_after__lte=now,
-        )
-        # No ORDER BY (the model's is by slot): a sort for nothing, or a walk down the slot index.
-        .order_by()
-        .values_list(
-            "pk", "job_id", "scheduled_for", "claim_token", "trigger", "attempt", "catch_up"
-        )
-    )
+    q = connection.ops.quote_name
+    pending: dict[int, list[JobExecution]] = {}
+    # No ORDER BY (the model's is by slot): a sort for nothing, or a walk down the slot index.
+    for row in executions.select_rows(
+        JobExecution,
+        f"{q('job_id')} IN ({_ids(i.execution.job_id for i in items)}) AND {q('status')} = %s "
+        f"AND {q('run_after')} <= %s",
+        [S.PENDING, connection.ops.adapt_datetimefield_value(now)],
+        names=PENDING_FIELDS,
+    ):
+        pending.setdefault(row.job_id, []).append(row)
     older: dict[int, bool] = {}
     for item in items:
         execution = item.execution
         supersedes = _supersedes_held_fires(item, now=now)
         before = [
-            token
-            for pk, job_id, scheduled_for, token, trigger, attempt, catch_up in pending
-            if job_id == execution.job_id
-            and scheduled_for < execution.scheduled_for
-            and pk != execution.pk
+            row.claim_token
+            for row in pending.get(execution.job_id, ())
+            if row.scheduled_for < execution.scheduled_for
+            and row.pk != execution.pk
             and not (
                 supersedes
-                and token is not None
-                and trigger == Trigger.SCHEDULE
-                and attempt == 1
-                and not catch_up
+                and row.claim_token is not None
+                and row.trigger == Trigger.SCHEDULE
+                and row.attempt == 1
+                and not row.catch_up
             )
         ]
         if before:
             older[execution.pk] = any(token is None for token in before)
     return older
+
+
+# What ``older_waiting`` reads of the pending runs of a batch's jobs.
+PENDING_FIELDS = ("id", "job_id", "scheduled_for", "claim_token", "trigger", "attempt", "catch_up")
+
+
+def _ids(values: Iterable[int]) -> str:
+    """Ids as SQL text (whole numbers only: nothing else can reach the statement)."""
+    return ", ".join({str(int(value)) for value in values})
 
 
 def _supersedes_held_fires(item: Scheduled, *, now: datetime) -> bool:
