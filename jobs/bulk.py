@@ -14,7 +14,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection, models
 
 Preparer = Callable[[Any], Any]
+_ZERO = timedelta(0)
 # Fields whose Python values both engines' drivers take as they are.
 PLAIN_KINDS = frozenset(
     {
@@ -53,8 +54,10 @@ def preparer(field: models.Field) -> Preparer:
 def _utc_datetime_text(value: Any) -> Any:
     """A date-time as MariaDB/MySQL's adapter writes one for a UTC connection (naive, in UTC, as
     text), without its generic checks: an outcome carries two."""
-    if type(value) is datetime and value.tzinfo is UTC:
-        return str(value)[:-6]  # without its "+00:00"; a fifth of the cost of converting it
+    if type(value) is datetime and value.tzinfo is not None and value.utcoffset() == _ZERO:
+        # UTC, or a zone at UTC's offset (a schedule's "UTC" zone): the text without its
+        # "+00:00", a fifth of the cost of converting the date.
+        return str(value)[:-6]
     if value is None or hasattr(value, "resolve_expression"):
         return value
     if value.tzinfo is not None:
@@ -209,12 +212,39 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
     model = type(objs[0])
     meta = model._meta
     fields = [field for field in meta.concrete_fields if field is not meta.pk]
-    prepared = [(field, preparer(field)) for field in fields]
-    rows = [[prepare(field.pre_save(obj, add=True)) for field, prepare in prepared] for obj in objs]
+    # A field whose value goes in as it is read (no stamp of its own to take, no preparation)
+    # is read from the instance's attributes directly: thirty fields a fire, and the calls per
+    # field were a tenth of the leader's tick.
+    steps = [
+        (field.attname, None if _as_read(field) else (field, preparer(field))) for field in fields
+    ]
+    rows = [
+        [
+            values[attname] if step is None and attname in values else _value(obj, attname, step)
+            for attname, step in steps
+        ]
+        for obj in objs
+        for values in (vars(obj),)
+    ]
     for obj, pk in zip(objs, insert(model, fields, rows), strict=True):
         obj.pk = pk
         obj._state.adding = False
         obj._state.db = connection.alias
+
+
+def _as_read(field: models.Field) -> bool:
+    """Whether ``field``'s value is stored as the instance holds it: a plain kind (no
+    preparation), saved as read (``Field.pre_save``: no ``auto_now`` stamp)."""
+    return (
+        field.get_internal_type() in PLAIN_KINDS and type(field).pre_save is models.Field.pre_save
+    )
+
+
+def _value(obj: models.Model, attname: str, step: tuple[models.Field, Preparer] | None) -> Any:
+    if step is None:
+        return getattr(obj, attname)
+    field, prepare = step
+    return prepare(field.pre_save(obj, add=True))
 
 
 def _inline(value: Any) -> str | None:

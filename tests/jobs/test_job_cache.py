@@ -117,3 +117,13 @@ def test_rows_loaded_for_some_fields_equal_the_orms_only_and_defer_the_rest() ->
         assert ours.get_deferred_fields() == theirs.get_deferred_fields()
         assert ours._state.adding is False
         assert ours.kwargs == {"message": "héllo", "level": "warning"}  # deferred, then read
+
+
+def test_empty_documents_are_read_as_new_objects_not_shared_ones() -> None:
+    """A job's empty lists and objects are made per row (a shared one, changed by one run, would
+    change every job's)."""
+    first, second = _job("empty1", tags=[], args=[]), _job("empty2", tags=[], args=[])
+    jobs = _JobCache().current({first.pk, second.pk})
+    one, other = jobs[first.pk], jobs[second.pk]
+    assert one.tags == [] and one.args == [] and one.tags is not other.tags
+    assert one.args is not other.args and one.tags is not one.args
