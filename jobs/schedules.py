@@ -914,6 +914,13 @@ def spread_offset(job_name: str, spread_seconds: int) -> float:
         raise ValueError(ERR_SPREAD_NEGATIVE.format(value=spread_seconds))
     if spread_seconds == 0:
         return 0.0
+    return _spread_offset(job_name, spread_seconds)
+
+
+# A run's due instant is asked for three or four times between its claim and its start (each
+# admission look, the misfire check), a hash each time: the recent jobs' offsets are kept.
+@lru_cache(maxsize=1 << 16)
+def _spread_offset(job_name: str, spread_seconds: int) -> float:
     digest = hashlib.sha256(job_name.encode("utf-8")).digest()
     number = int.from_bytes(digest[:SPREAD_HASH_BYTES], "big")
     return (number % (spread_seconds * MICROSECONDS_PER_SECOND)) / MICROSECONDS_PER_SECOND
