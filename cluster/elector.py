@@ -14,6 +14,8 @@ each make one attempt. Retries, jitter and timing live here. The algorithm, one
   leader that cannot (``can_lead()`` is false: its database does not answer) stops leading and
   releases the lease at its next step, so another node takes over at once instead of after the
   partition; a follower that cannot does not campaign.
+- ``can_campaign``: whether a follower may take a lease now, beside ``can_lead`` (a node whose
+  database path is too slow to claim runs leads on what it holds, but takes nothing new).
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class LeaderElector:
         on_stopped_leading: Callable[[Lease, str], None] | None = None,
         on_new_leader: Callable[[str], None] | None = None,
         can_lead: Callable[[], bool] | None = None,
+        can_campaign: Callable[[], bool] | None = None,
         poked: threading.Event | None = None,
     ) -> None:
         self.backend = backend
@@ -121,6 +124,7 @@ class LeaderElector:
         self.on_stopped_leading = on_stopped_leading
         self.on_new_leader = on_new_leader
         self.can_lead = can_lead
+        self.can_campaign = can_campaign
         # tick() may run in the election thread while release() comes from a signal handler.
         self._mutex = threading.RLock()
         self._lease: Lease | None = None
@@ -178,6 +182,15 @@ class LeaderElector:
             return bool(self.can_lead())
         except Exception:
             logger.exception("the can-lead check of %s failed; assuming unable", self.name)
+            return False
+
+    def _may_campaign(self) -> bool:
+        if self.can_campaign is None:
+            return True
+        try:
+            return bool(self.can_campaign())
+        except Exception:
+            logger.exception("the can-campaign check of %s failed; not campaigning", self.name)
             return False
 
     def _give_up(self) -> None:
@@ -251,7 +264,7 @@ class LeaderElector:
         started = self.clock.monotonic()
         if started < self._campaign_after:
             return self._campaign_after - started
-        if not self._able():
+        if not self._able() or not self._may_campaign():
             return retry_s
         try:
             lease = self.backend.acquire_lease(self.name, self.identity, self.config.lease_ttl_ms)

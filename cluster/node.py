@@ -405,6 +405,7 @@ class NodeRunner:
                     seat, lease, why
                 ),
                 can_lead=self._can_lead,
+                can_campaign=self._can_campaign,
                 poked=self._election_poked,
             )
             self.seats.append(seat)
@@ -414,6 +415,14 @@ class NodeRunner:
         """Able to do a leader's work: its path keeps up (cluster.pace), and its clock is the
         database's (a node started during a step of its machine's clock would date fires wrong)."""
         return self.clock_synced() and self.pace.can_lead()
+
+    def _can_campaign(self) -> bool:
+        """Whether to take a lease now: not while this node claims nothing because its database
+        path is far slower than a peer's (``cluster.pace``). A partition taken then stayed
+        without a working leader for as long as recording its term took on that path (6.7 s in
+        a chaos run, its peers having handed it over to the slow node); a peer that is quick
+        takes it instead."""
+        return self.executor.held_back != SLOW_PATH
 
     def bounded_work(self) -> contextlib.AbstractContextManager[None]:
         """The scope of this node's admissions and claims: watched as work, with the bounded
@@ -824,10 +833,10 @@ class NodeRunner:
         return now - seat.free_since >= partitions.ORPHAN_AFTER_S
 
     def _balance_view(self) -> tuple[int, int | None, int]:
-        """How many live nodes can lead (not cut off from the database, not draining; this one
-        included), the fewest partitions another of them leads (None: no other), and how many
-        more the others could lead before each reaches its share; from the presences, read at
-        most every BALANCE_VIEW_S."""
+        """How many live nodes can lead (not cut off from the database, not draining, not holding
+        its claims back on a slow path; this one included), the fewest partitions another of
+        them leads (None: no other), and how many more the others could lead before each reaches
+        its share; from the presences, read at most every BALANCE_VIEW_S."""
         now = self.clock.monotonic()
         if now - self._balance[0] < BALANCE_VIEW_S:
             return self._balance[1:]
@@ -835,7 +844,13 @@ class NodeRunner:
         for node_id, presence in self._live_nodes().items():
             if node_id == self.config.node_id:
                 continue
-            if presence.get("database") == DATABASE_UNREACHABLE or presence.get("draining"):
+            if (
+                presence.get("database") == DATABASE_UNREACHABLE
+                or presence.get("draining")
+                or presence.get("claims_held_back")
+            ):
+                # Cut off, leaving, or on a path too slow to claim (it takes no partition then):
+                # a partition handed over to it would wait for it.
                 continue
             leads = presence.get("leads")
             counts.append(len(leads) if isinstance(leads, list) else 0)

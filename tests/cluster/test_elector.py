@@ -326,6 +326,31 @@ def test_a_failing_can_lead_check_counts_as_unable(store, clock) -> None:
     assert a.lease is None and a_events.events == []
 
 
+def test_a_node_that_may_not_campaign_takes_no_lease_but_keeps_the_one_it_holds(
+    store, clock
+) -> None:
+    """can_campaign gates taking a lease, not keeping one: a leader whose path slowed keeps
+    leading (its own judgements hand over when it falls behind); a follower takes nothing new."""
+    allowed = {"a": True, "b": False}
+    a, _, a_events = make_elector("node-a", store, clock, can_campaign=lambda: allowed["a"])
+    b, _, b_events = make_elector("node-b", store, clock, can_campaign=lambda: allowed["b"])
+    a.tick()
+    assert a.is_leader
+    allowed["a"] = False
+    for _ in range(10):
+        clock.advance(RETRY_S)
+        a.tick()
+        b.tick()
+    assert a.is_leader and not [e for e in a_events.events if e[0] == "stopped"]
+    a.release()
+    clock.advance(RETRY_S)
+    b.tick()
+    assert not b.is_leader and not [e for e in b_events.events if e[0] == "started"]
+    allowed["b"] = True
+    b.tick()
+    assert b.is_leader
+
+
 def test_backend_exceptions_never_escape_tick(store, clock) -> None:
     a, a_backend, a_events = make_elector("node-a", store, clock)
     a_backend.failing.add("*")

@@ -12,6 +12,7 @@ from django.core.management.base import CommandError
 
 from cluster import partitions
 from cluster.models import ClusterFence, LeadershipTerm
+from cluster.pace import SLOW_PATH
 from jobs import partitioning, services
 from jobs.models import Job, JobExecution
 from jobs.states import ExecutionStatus
@@ -325,6 +326,28 @@ def test_a_partition_leader_frozen_during_a_rebalance_writes_nothing_when_it_res
         assert max(counts.values()) == 1, f"{job.name} ran a slot twice: {counts}"
     assert_terms_held_once()
     assert settled(sim, 4, ["n1", "n2", "n3"]) or settled(sim, 4, ["n2", "n3"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_holding_its_claims_back_on_a_slow_path_is_handed_no_partition(make_sim) -> None:
+    """A node joins on a database path too slow to claim (``cluster.pace`` holds its claims
+    back, and its presence says so): the leader hands it no partition and it campaigns for none,
+    so no partition waits for a leader that cannot record its term (a chaos run: 6.7 s without
+    one). Once its path is quick again it is handed its share."""
+    sim, jobs = make_sim(("n1",), total=4)
+    sim.advance_until(lambda: settled(sim, 4, ["n1"]), limit=10)
+    slow = sim.add("n2")
+    slow.runner.executor.held_back = SLOW_PATH
+    first = sim.clock.now() + 1
+    for _ in range(int(3 * partitions.HAND_BACK_EVERY_S / 0.1)):
+        sim.advance(0.1)
+        assert settled(sim, 4, ["n1"]), f"partitions led: {leaders(sim)}"
+    assert not LeadershipTerm.objects.filter(node_id="n2").exists()
+    slow.runner.executor.held_back = None
+    sim.advance_until(lambda: balanced(sim, 4, ["n1", "n2"]), limit=20)
+    sim.advance(3)
+    assert_each_slot_once(sim, jobs, first, sim.clock.now() - 1.5)
+    assert_terms_held_once()
 
 
 @pytest.mark.django_db(transaction=True)
