@@ -176,21 +176,19 @@ class LeaderElector:
             return self._keep_leading()
 
     def _able(self) -> bool:
-        if self.can_lead is None:
-            return True
-        try:
-            return bool(self.can_lead())
-        except Exception:
-            logger.exception("the can-lead check of %s failed; assuming unable", self.name)
-            return False
+        return self._check(self.can_lead, "can-lead", "assuming unable")
 
     def _may_campaign(self) -> bool:
-        if self.can_campaign is None:
+        return self._check(self.can_campaign, "can-campaign", "not campaigning")
+
+    def _check(self, check: Callable[[], bool] | None, what: str, failed: str) -> bool:
+        """A caller's check (none: yes); one that raises says no."""
+        if check is None:
             return True
         try:
-            return bool(self.can_campaign())
+            return bool(check())
         except Exception:
-            logger.exception("the can-campaign check of %s failed; not campaigning", self.name)
+            logger.exception("the %s check of %s failed; %s", what, self.name, failed)
             return False
 
     def _give_up(self) -> None:

@@ -190,7 +190,7 @@ class _Literals:
             return "NULL"
         if kind is bool:
             return "1" if value else "0"
-        if kind is str or isinstance(value, str):  # a status, a trigger: text choices
+        if isinstance(value, str):  # text choices (a status, a trigger) included
             quoted = self._quoted.get(value)
             if quoted is None:
                 if _DATE_TEXT.fullmatch(value):
