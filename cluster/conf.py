@@ -72,6 +72,12 @@ KNOBS: dict[str, tuple[Any, Callable[[str], Any], Callable[[Any], str | None]]] 
         float,
         lambda v: None if 0 <= v <= 100_000 else "must be within 0 (no bound) and 100000",
     ),
+    # Jobs a node process keeps as its claims last read them (jobs.executions.rows); 0: none.
+    "JOB_CACHE_SIZE": (
+        10_000,
+        int,
+        lambda v: None if 0 <= v <= 10_000_000 else "must be within 0 (no cache) and 10000000",
+    ),
     "METRICS_PORT": (0, int, lambda v: None if 0 <= v <= 65535 else "must be 0 (off) or a port"),
     "METRICS_HOST": ("0.0.0.0", str, lambda v: None if v else "must not be empty"),  # noqa: S104
     # [] (default): not pinned; see cluster.affinity.

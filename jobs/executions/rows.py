@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import random
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC
 from typing import Any
@@ -168,12 +170,22 @@ class _JobCache:
     check, every fire made its job's entry stale, and at 100,000 jobs every claimed run read its
     job again through the ORM. A miss reads the jobs' rows with the row loader, not the ORM."""
 
-    # Forget everything past this many jobs (a bound, not a policy: claims read again).
+    # The default bound (runnode --job-cache-size sets the process's own).
     LIMIT = 10_000
+    # A full cache takes a new job in place of its oldest entry this rarely: claims that cycle
+    # through more jobs than the bound (a node of a large cluster sees every job of its share once
+    # an interval) then keep finding the bound's worth, where taking every one in (or forgetting
+    # everything) would find next to none; jobs no longer claimed (deleted, one-off) still leave.
+    ADMIT_WHEN_FULL = 0.05
 
-    def __init__(self) -> None:
-        self._jobs: dict[int, tuple[tuple[Any, Any], Job]] = {}
+    def __init__(self, limit: int = LIMIT, rng: random.Random | None = None) -> None:
+        self._jobs: OrderedDict[int, tuple[tuple[Any, Any], Job]] = OrderedDict()
         self._lock = threading.Lock()
+        self.limit = limit
+        self._random = rng or random.Random()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
 
     def current(
         self, ids: set[int], known: dict[int, tuple[Any, Any]] | None = None
@@ -196,11 +208,19 @@ class _JobCache:
             fresh = self._read(stale)
             found.update(fresh)
             with self._lock:
-                if len(self._jobs) + len(fresh) > self.LIMIT:
-                    self._jobs.clear()
-                for pk, job in fresh.items():
-                    self._jobs[pk] = (stamps[pk], job)
+                self._keep(fresh, stamps)
         return found
+
+    def _keep(self, fresh: dict[int, Job], stamps: dict[int, tuple[Any, Any]]) -> None:
+        """Cache ``fresh`` within the bound (the caller holds the lock): a job already cached is
+        replaced; a new one goes in while there is room, else now and then in place of the
+        oldest (``ADMIT_WHEN_FULL``)."""
+        for pk, job in fresh.items():
+            if pk in self._jobs or len(self._jobs) < self.limit:
+                self._jobs[pk] = (stamps[pk], job)
+            elif self.limit > 0 and self._random.random() < self.ADMIT_WHEN_FULL:
+                self._jobs.popitem(last=False)
+                self._jobs[pk] = (stamps[pk], job)
 
     @staticmethod
     def _read(ids: set[int]) -> dict[int, Job]:
@@ -228,3 +248,11 @@ class _JobCache:
 
 
 _job_cache = _JobCache()
+
+
+def set_job_cache_size(size: int) -> None:
+    """Bound this process's job cache to ``size`` jobs (0: keep none); the entries past it go."""
+    with _job_cache._lock:
+        _job_cache.limit = size
+        while len(_job_cache._jobs) > size:
+            _job_cache._jobs.popitem(last=False)

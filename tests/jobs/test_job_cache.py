@@ -127,3 +127,59 @@ def test_empty_documents_are_read_as_new_objects_not_shared_ones() -> None:
     one, other = jobs[first.pk], jobs[second.pk]
     assert one.tags == [] and one.args == [] and one.tags is not other.tags
     assert one.args is not other.args and one.tags is not one.args
+
+
+def test_claims_cycling_through_more_jobs_than_the_bound_still_find_a_share_cached() -> None:
+    """Each node of a large cluster sees every job of its share once an interval, in no set
+    order: a cache of a third of them serves about a third, where forgetting everything (or the
+    oldest) whenever full would serve none."""
+    import random
+
+    jobs = [_job(f"cycled-{k}") for k in range(30)]
+    stamps = _stamps(*jobs)
+    cache = _JobCache(limit=10, rng=random.Random(7))
+    order = random.Random(3)
+    served = 0
+    for cycle in range(4):
+        order.shuffle(jobs)
+        for job in jobs:
+            with CaptureQueriesContext(connection) as queries:
+                found = cache.current({job.pk}, {job.pk: stamps[job.pk]})
+            assert found[job.pk].pk == job.pk
+            assert len(cache) <= 10
+            served += cycle > 0 and not queries.captured_queries
+    assert served >= 20  # of 90 asked after the first cycle; about 30 expected
+
+
+def test_a_batch_larger_than_the_bound_keeps_only_the_bound() -> None:
+    import random
+
+    jobs = [_job(f"batch-{k}") for k in range(5)]
+    cache = _JobCache(limit=3, rng=random.Random(1))
+    found = cache.current({j.pk for j in jobs}, _stamps(*jobs))
+    assert set(found) == {j.pk for j in jobs}
+    assert len(cache) == 3
+
+
+def test_a_cache_of_size_zero_keeps_nothing_and_reads_every_time() -> None:
+    job = _job()
+    cache = _JobCache(limit=0)
+    stamps = _stamps(job)
+    cache.current({job.pk}, stamps)
+    assert len(cache) == 0
+    with CaptureQueriesContext(connection) as queries:
+        assert cache.current({job.pk}, stamps)[job.pk].pk == job.pk
+    assert len(queries.captured_queries) == 1
+
+
+def test_set_job_cache_size_bounds_the_process_cache() -> None:
+    from jobs.executions import rows
+
+    before = rows._job_cache.limit
+    try:
+        rows.set_job_cache_size(2)
+        jobs = [_job(f"process-{k}") for k in range(4)]
+        rows._job_cache.current({j.pk for j in jobs}, _stamps(*jobs))
+        assert len(rows._job_cache) <= 2
+    finally:
+        rows.set_job_cache_size(before)

@@ -35,6 +35,7 @@ from cluster.node import (
 )
 from cluster.startup import freeze_loaded
 from jobs.conf import app_setting
+from jobs.executions.rows import set_job_cache_size
 
 logger = logging.getLogger("cluster.runnode")
 EXIT_USAGE = 2
@@ -52,6 +53,7 @@ FLAGS = {
     "DB_CONTROL_LIMIT_S": "db_control_limit_s",
     "BEHIND_WARN_S": "behind_warn_s",
     "CATCH_UP_PER_S": "catch_up_per_s",
+    "JOB_CACHE_SIZE": "job_cache_size",
     "METRICS_PORT": "metrics_port",
     "METRICS_HOST": "metrics_host",
     "CPUS": "cpus",
@@ -124,6 +126,13 @@ class Command(BaseCommand):
             "cluster; 0: no bound",
         )
         knob(
+            "--job-cache-size",
+            "JOB_CACHE_SIZE",
+            int,
+            "Jobs this process keeps in memory as its claims last read them (about 2-3.5 KB "
+            "each); 0: every claim reads its jobs",
+        )
+        knob(
             "--metrics-port",
             "METRICS_PORT",
             int,
@@ -182,6 +191,7 @@ class Command(BaseCommand):
         # Before any thread of the node starts: they all inherit it.
         affinity.pin(knobs["CPUS"])
         set_process_context(node=config.node_id)  # on every log line of this process
+        set_job_cache_size(knobs["JOB_CACHE_SIZE"])
         try:
             tracing.configure(config.node_id)
         except ImproperlyConfigured as exc:
