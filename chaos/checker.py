@@ -307,7 +307,12 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += duplicates(history, index)
     slots_checked, indeterminate, missing = slots(history, index, config)
     violations += missing
-    overlaps, notes = forbid_overlaps(history, index, dead_after_s=config.dead_after_s)
+    overlaps, notes = forbid_overlaps(
+        history,
+        index,
+        dead_after_s=config.dead_after_s,
+        control_limit_s=config.db_control_limit_s,
+    )
     violations += overlaps
     notes += lost_while_running(history, index)
     late_starts = starts_after_end(history, index)
@@ -338,7 +343,7 @@ def check(history: History, config: CheckConfig | None = None) -> Report:
     violations += misfires(history, config)
     violations += superseded(history, index, config)
     violations += edits_followed(history, index)
-    stale_fenced, fenced_stats = fenced_writes(history)
+    stale_fenced, fenced_stats = fenced_writes(history, control_limit_s=config.db_control_limit_s)
     violations += stale_fenced
     flow_found, flow_notes, flow_stats = flow(history, index)
     violations += flow_found

@@ -331,6 +331,9 @@ def history_from_dict(data: Mapping[str, Any]) -> History:
 class CheckConfig:
     # The presence TTL of the nodes (runnode --dead-after-s).
     dead_after_s: float = 2.0
+    # The nodes' database control limit (runnode --db-control-limit-s): a control statement
+    # unanswered past it (and a stall margin) is an outage to its node.
+    db_control_limit_s: float = 1.0
     # The leader lease (runnode --lease-ttl-ms): the unit of the recovery bounds.
     lease_ttl_s: float = 2.0
     # Longest acceptable time without a leader outside excused windows. The design's failover is

@@ -77,6 +77,8 @@ OPERATOR_USERNAME = "chaos-operator"
 # The node defaults, spelled out: the checker's bounds are derived from them.
 HEARTBEAT_S = 0.5
 DEAD_AFTER_S = 2.0
+# A control statement unanswered this long is an outage to its node (runnode --db-control-limit-s).
+DB_CONTROL_LIMIT_S = 1.0
 NODE_GRACE_S = 5.0
 NODE_CAPACITY = 8
 WARMUP_TIMEOUT_S = 120.0
@@ -164,6 +166,7 @@ def check_config(meta: dict[str, Any]) -> CheckConfig:
         blocking |= {SIGSTOP_LEADER, SIGSTOP_WORKER}
     return CheckConfig(
         dead_after_s=float(meta.get("dead_after_s", DEAD_AFTER_S)),
+        db_control_limit_s=float(meta.get("db_control_limit_s", DB_CONTROL_LIMIT_S)),
         leadership_blocking_faults=frozenset(blocking),
     )
 
@@ -547,6 +550,8 @@ class ChaosRun:
                 str(HEARTBEAT_S),
                 "--dead-after-s",
                 str(DEAD_AFTER_S),
+                "--db-control-limit-s",
+                str(DB_CONTROL_LIMIT_S),
                 "--grace",
                 str(NODE_GRACE_S),
                 "--capacity",
@@ -668,6 +673,7 @@ class ChaosRun:
                 "nodes": plan.nodes,
                 "jobs": plan.jobs,
                 "dead_after_s": DEAD_AFTER_S,
+                "db_control_limit_s": DB_CONTROL_LIMIT_S,
                 "incidents": incidents,
             },
         )

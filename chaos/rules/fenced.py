@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from chaos import faults
 from chaos.record import History, SideEffect, Violation
-from chaos.rules.overlaps import ALL_NODES_CUT, DB_CUT_FAULTS
+from chaos.rules.overlaps import ALL_NODES_CUT, cuts_database
 
 STALE_FENCED_WRITE = "stale_fenced_write"
 KINDS = (STALE_FENCED_WRITE,)
@@ -39,7 +39,9 @@ class FencedStats:
     frozen_still_owner: int = 0  # of those, how many believed they still held their claim
 
 
-def fenced_writes(history: History) -> tuple[list[Violation], FencedStats]:
+def fenced_writes(
+    history: History, *, control_limit_s: float = 1.0
+) -> tuple[list[Violation], FencedStats]:
     stats = FencedStats()
     starts = {e.execution_id: e for e in history.side_effects if e.event == "start"}
     ends = [e for e in history.side_effects if e.event == "end" and e.fenced]
@@ -53,7 +55,11 @@ def fenced_writes(history: History) -> tuple[list[Violation], FencedStats]:
     # Bodies frozen mid-run, and bodies whose node was cut off from the database while they ran
     # (the node gives their job lock up and the cluster ends their runs: they run on as a
     # frozen body resumes).
-    freezes = [f for f in history.faults if f.kind in faults.FREEZE_FAULTS | DB_CUT_FAULTS]
+    freezes = [
+        f
+        for f in history.faults
+        if f.kind in faults.FREEZE_FAULTS or cuts_database(f, control_limit_s=control_limit_s)
+    ]
     found = []
     for end in ends:
         start = starts.get(end.execution_id)

@@ -17,6 +17,7 @@ from chaos.record import (
     TIMED_OUT,
     CheckConfig,
     Execution,
+    Fault,
     History,
     Index,
     SideEffect,
@@ -80,6 +81,22 @@ DB_CUT_FAULTS = frozenset(
         faults.MARIADB_RESTART,
     }
 )
+# Slowed database links: past the control limit they cut their node off as a partition does.
+SLOW_DB_FAULTS = frozenset({faults.SLOW_DB_LEADER, faults.SLOW_DB_WORKER})
+
+
+def cuts_database(fault: Fault, *, control_limit_s: float) -> bool:
+    """Whether ``fault`` cut its node (or every node) off from the database as the node itself
+    judges it: a partition, a one-way link, an outage, or a link slowed so far that a statement's
+    round trip alone takes the control limit. A node counts a control statement unanswered a
+    little past that limit as an outage, and its reconnects (several round trips, under a client
+    timeout a second above the limit) fail before that, so such a node gives its job locks up
+    and the leader ends its runs, exactly as after a cut."""
+    if fault.kind in DB_CUT_FAULTS:
+        return True
+    return fault.kind in SLOW_DB_FAULTS and 2 * fault.magnitude >= control_limit_s
+
+
 MSG_LOST_WHILE_RUNNING = (
     "execution {execution_id}: declared lost at {at} while node {node} was running its body "
     "(neither killed, frozen nor cut off from the database)"
@@ -96,7 +113,11 @@ MSG_UNJUSTIFIED_SKIP = (
 
 
 def forbid_overlaps(
-    history: History, index: Index, *, dead_after_s: float = 2.0
+    history: History,
+    index: Index,
+    *,
+    dead_after_s: float = 2.0,
+    control_limit_s: float = 1.0,
 ) -> tuple[list[Violation], list[Violation]]:
     """(c) Two bodies of one forbid job overlapping, where both intervals are known.
 
@@ -149,7 +170,12 @@ def forbid_overlaps(
                         )
                     )
                 elif _cut_off_body(
-                    history, ends.get(first.id), first, span[0], dead_after_s=dead_after_s
+                    history,
+                    ends.get(first.id),
+                    first,
+                    span[0],
+                    dead_after_s=dead_after_s,
+                    control_limit_s=control_limit_s,
                 ):
                     notes.append(
                         Violation(
@@ -188,6 +214,7 @@ def _cut_off_body(
     successor_start: float,
     *,
     dead_after_s: float,
+    control_limit_s: float,
 ) -> bool:
     """Whether a body ran on beside its successor only because its node could not do its work:
     the cluster ended the run lost before the successor started, while the node had been cut off
@@ -213,7 +240,7 @@ def _cut_off_body(
         if newer_first:
             return False
     return any(
-        f.kind in DB_CUT_FAULTS
+        cuts_database(f, control_limit_s=control_limit_s)
         and (f.target == first.node or f.kind in ALL_NODES_CUT)
         and f.start + dead_after_s - RENEWED_BEFORE_CUT_S <= declared + DECLARED_SLACK_S
         and f.end >= declared - PRESENCE_LAG_S

@@ -1315,6 +1315,36 @@ def test_the_same_overlap_without_a_freeze_is_a_violation() -> None:
     assert {n.kind for n in report.notes} == {c.LOST_WHILE_RUNNING}
 
 
+def _body_slowed_past_the_control_limit(h: History, latency_s: float) -> None:
+    """n3's database link slowed by ``latency_s`` each way from T0 + 0.4 to T0 + 4.5; the body of
+    job 1's slot 1 ran on to T0 + 4.6, while the cluster declared its run lost at T0 + 1.9 and
+    slots 2, 3 and 4 ran."""
+    row = _replace_row(h, 1, 1, status="lost", reason="node n3 is gone", finished_at=T0 + 1.9)
+    _move_effect(h, row.id, "end", T0 + 4.6)
+    h.faults.append(Fault("slow_db_worker", "n3", T0 + 0.4, T0 + 4.5, magnitude=latency_s))
+
+
+def test_a_body_on_a_link_slowed_past_the_control_limit_overlaps_as_a_cut_one_does() -> None:
+    """A round trip of 1.2 s is past the 1 s control limit: the node counts its database as
+    unreachable, gives its job locks up and the leader ends its runs, as after a partition."""
+    history = clean()
+    _body_slowed_past_the_control_limit(history, 0.6)
+    report = check(history)
+    assert report.ok, report.render()
+    assert [n.kind for n in report.notes] == [c.CUT_BODY_OVERLAP] * 3
+    # A node run with a looser control limit would have waited for its statements.
+    loose = check(history, CheckConfig(db_control_limit_s=2.0))
+    assert set(loose.by_kind()) == {c.FORBID_OVERLAP}
+
+
+def test_a_body_on_a_link_slowed_within_the_control_limit_must_not_overlap() -> None:
+    history = clean()
+    _body_slowed_past_the_control_limit(history, 0.3)
+    report = check(history)
+    assert set(report.by_kind()) == {c.FORBID_OVERLAP}
+    assert not [n for n in report.notes if n.kind == c.CUT_BODY_OVERLAP]
+
+
 def test_a_run_declared_lost_while_its_node_ran_it_is_a_note() -> None:
     history = clean()
     row = _replace_row(history, 2, 3, status="lost", reason="node n3 is gone", finished_at=T0 + 3.1)
