@@ -18,11 +18,13 @@ run for as long as the partition lasts. So a node watches the calls its own loop
 
 The database is unreachable while a control call is stalled and no call begun after it has been
 answered (a hung path answers none; a slow server answers the others), or while the newest call to
-fail with a connection error began after the newest call that got an answer; it is reachable again
-once a call begun after the failure is answered. A statement whose open connection broke at once
-(gone away, lost) is the one exception while it is the only failure since the newest answer: a
-connection left over from before a server restart breaks so, so the thread's reconnect decides (a
-failed connect counts at once), or the limit + STALL_MARGIN_S without an answer does. The leader's
+fail with a connection error, or the newest control call answered only past its bound, began after
+the newest call answered in time; it is reachable again once a call begun after the failure is
+answered within the bound (an answer later than that comes over a link as slow as a cut one). A
+statement whose open connection broke at once (gone away, lost) is the one exception while it is
+the only failure since the newest answer: a connection left over from before a server restart
+breaks so, so the thread's reconnect decides (a failed connect counts at once), or the limit +
+STALL_MARGIN_S without an answer does. The leader's
 elector asks :meth:`DatabaseHealth.able` before every renewal and before campaigning: a leader that
 cannot reach its database releases its lease, and a node that cannot reach it does not campaign.
 
@@ -158,8 +160,10 @@ class DatabaseHealth:
         self._calls: dict[int, _Call] = {}
         self._next_call = 0
         # Calls are ordered by when they began (a counter: two may begin at one clock reading).
-        self._answered = 0  # the newest-begun call that got an answer
+        self._answered = 0  # the newest-begun call answered within the stall bound
         self._failed: _Failure | None = None  # the newest call to fail with a connection error
+        # The newest control call answered only past its stall bound (key, began, why).
+        self._late: tuple[int, float, str] | None = None
         self._state = Reachability(True)
         self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
         # (began, took) of the newest answered control calls: the floor of a stretch of calls.
@@ -232,6 +236,14 @@ class DatabaseHealth:
                 f"{now - oldest.started:.1f} s (limit {self.limit_s:g} s)",
                 oldest.started,
             )
+        late = self._late
+        if late is not None and late[0] > self._answered:
+            # Answered, but only past the bound, and nothing begun since has been answered in
+            # time: a link that slow keeps every call of this node late. Counting the late answer
+            # as the path's recovery made such a node reachable for half a second after each
+            # one: it flapped, kept its presence and its bodies' job locks while it could do no
+            # work, and the cluster took none of its work for the whole fault.
+            return Reachability(False, late[2], late[1])
         failed = self._failed
         if failed is not None and failed.key > self._answered:
             # A connection that broke at once under a statement may only have been left over from
@@ -324,10 +336,19 @@ class DatabaseHealth:
                         now if first and quick_break else None,
                     )
             else:
-                self._answered = max(self._answered, key)
+                took = now - call.started
+                if took < self.stall_s:
+                    self._answered = max(self._answered, key)
+                elif call.control and (self._late is None or key > self._late[0]):
+                    self._late = (
+                        key,
+                        call.started,
+                        f"{call.what} of {call.thread} answered only after {took:.1f} s "
+                        f"(limit {self.limit_s:g} s)",
+                    )
                 if call.control:
-                    self._round_trips.append(now - call.started)
-                    self._answers.append((call.started, now - call.started))
+                    self._round_trips.append(took)
+                    self._answers.append((call.started, took))
         # A failure makes the node unable now: say so at once, not at the next look.
         if error is not None:
             self.observe()

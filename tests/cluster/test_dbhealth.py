@@ -100,7 +100,40 @@ def test_a_control_call_unanswered_past_its_limit_makes_the_database_unreachable
     assert seen[0].reachable
     assert not seen[1].reachable
     assert "a statement of" in seen[1].reason and "unanswered" in seen[1].reason
-    # It did answer in the end: a call that began then proves the path works.
+    # It answered in the end, but past its bound: that proves nothing of the path.
+    assert not health.observe().reachable
+    with health.thread(control=True):
+        select_one()  # begun after it, answered in time: the path works
+    assert health.observe().reachable
+    assert [c.reachable for c in changes] == [False, True]
+
+
+def test_answers_that_each_come_past_the_bound_keep_the_node_unreachable(
+    health: DatabaseHealth, clock: SettableClock, changes
+) -> None:
+    """A link slowed past the control limit (0.8 s each way) answers every call, each too late: the
+    node stays unreachable for the whole stretch, from the first stall, instead of being
+    reachable again after each late answer (it kept its presence and its bodies' job locks so,
+    doing no work, and the cluster took none of it)."""
+    seen: list[Reachability] = []
+
+    def slow_link() -> None:
+        clock.advance(1.6)
+        seen.append(health.observe())
+
+    with health.thread(control=True):
+        select_one()
+        with calls_that(slow_link):
+            for _ in range(4):
+                select_one()
+                seen.append(health.observe())  # between two late answers
+    assert not any(state.reachable for state in seen)
+    assert seen[-1].since == seen[0].since  # one outage, from the first stall
+    with health.thread(control=False, bounded=True), calls_that(lambda: clock.advance(1.6)):
+        select_one()  # nor does a work call answered as late
+    assert not health.observe().reachable
+    with health.thread(control=False):
+        select_one()  # a work call answered in time does
     assert health.observe().reachable
     assert [c.reachable for c in changes] == [False, True]
 
