@@ -12,7 +12,8 @@ trips come from their presences (``db_rtt_ms``). Three judgements:
   path of its own hands over;
 - *claims*: a node whose quickest call over PACE_WINDOW_S is slow steps back from claiming and hands
   back what it claimed but has not started (a claim it cannot start in time holds a forbid job's
-  later fires behind it); it claims again once its path is quick or no peer is faster.
+  later fires behind it); it claims again once its path is quick or no peer is faster. A leader
+  so judged hands leadership over as well, whatever its passes' length.
 
 A leader that hands over holds back from campaigning for YIELD_HOLD_S (its term ends
 "fell_behind").
@@ -156,6 +157,15 @@ class Pace:
         floor = self.database.fastest_since(now - PACE_WINDOW_S)
         slow = floor is not None and floor >= SLOW_ROUND_TRIP_S
         peer = self.faster_peer(floor) if slow and floor is not None else None
+        if peer is not None and floor is not None and self._is_leader() and not self.yielding():
+            # A leader on such a path writes its fires late whether or not a pass ever runs past
+            # OVERRUN_S (short passes of slow calls did not: a chaos run's leader wrote its
+            # partitions' fires 2-3 s late for 5 s before a pass overran).
+            self._hand_over(
+                f"its quickest database call in the last {PACE_WINDOW_S:.1f} s took "
+                f"{floor * 1000:.0f} ms",
+                peer,
+            )
         if self._stepped_back_at is None:
             if peer is None or floor is None:
                 return

@@ -416,6 +416,35 @@ def test_a_worker_on_a_slow_path_of_its_own_steps_back_from_claiming_and_comes_b
     assert [e for job in jobs for e in sim.starts(job) if e.node == slow and e.at > healed_at]
 
 
+@pytest.mark.parametrize(("peers_s", "hands_over"), [(0.001, True), (0.25, False)])
+def test_a_leader_whose_every_call_is_slow_hands_over_though_no_pass_overruns(
+    make_sim, peers_s, hands_over
+):
+    """A leader on a slow link of its own (0.375 s a call, against a peer's 1 ms) whose passes are
+    short enough never to overrun, and whose ticks are not yet late BEHIND_TICKS in a row, hands
+    leadership over at the claim judgement that steps it back from claiming; with every node as
+    slow it leads on."""
+    sim = make_sim()
+    sim.create_job(name="tick")
+    sim.advance(3)
+    leader = sim.leader()
+    assert leader is not None
+    for node_id in sim.nodes:
+        _slow_path(sim, node_id, 0.375 if node_id == leader else peers_s)
+    sim.advance(1)  # every presence carries its round trip
+    runner = sim.nodes[leader].runner
+    runner.database.fastest_since = lambda since: 0.375
+    sim.advance(1)
+    assert runner.pace.yielding() is hands_over
+    sim.advance(1)
+    if not hands_over:
+        assert sim.leader() == leader
+        return
+    assert sim.leader() not in (None, leader)
+    ended = LeadershipTerm.objects.filter(node_id=leader).exclude(ended_at=None).get()
+    assert ended.end_reason == "fell_behind"
+
+
 # --- a worker SIGKILLed mid-run -------------------------------------------------------------------
 
 
