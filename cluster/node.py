@@ -538,6 +538,8 @@ class NodeRunner:
             payload["db_rtt_ms"] = round(round_trip * 1000, 2)
         if self.executor.held_back is not None:
             payload["claims_held_back"] = self.executor.held_back
+        if self.pace.yielding():
+            payload["yielding"] = True  # handed leadership over: it takes no partition a while
         if self.partition_count > 1:
             payload["leads"] = self.led_partitions()  # read by the dashboard and by peers
             if self.partition_watch.lags:
@@ -834,9 +836,9 @@ class NodeRunner:
 
     def _balance_view(self) -> tuple[int, int | None, int]:
         """How many live nodes can lead (not cut off from the database, not draining, not holding
-        its claims back on a slow path; this one included), the fewest partitions another of
-        them leads (None: no other), and how many more the others could lead before each reaches
-        its share; from the presences, read at most every BALANCE_VIEW_S."""
+        its claims back on a slow path, not yielding after it fell behind; this one included), the
+        fewest partitions another of them leads (None: no other), and how many more the others
+        could lead before each reaches its share; from the presences, read at most every BALANCE_VIEW_S."""
         now = self.clock.monotonic()
         if now - self._balance[0] < BALANCE_VIEW_S:
             return self._balance[1:]
@@ -848,9 +850,12 @@ class NodeRunner:
                 presence.get("database") == DATABASE_UNREACHABLE
                 or presence.get("draining")
                 or presence.get("claims_held_back")
+                or presence.get("yielding")
             ):
-                # Cut off, leaving, or on a path too slow to claim (it takes no partition then):
-                # a partition handed over to it would wait for it.
+                # Cut off, leaving, on a path too slow to claim, or holding back from campaigning
+                # after it fell behind (it takes no partition then): a partition handed over to
+                # it would wait for it, and two nodes each over a share that counted it handed
+                # one partition back and forth, unled for a moment at each pass.
                 continue
             leads = presence.get("leads")
             counts.append(len(leads) if isinstance(leads, list) else 0)

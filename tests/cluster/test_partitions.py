@@ -351,6 +351,30 @@ def test_a_node_holding_its_claims_back_on_a_slow_path_is_handed_no_partition(ma
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_node_yielding_after_it_fell_behind_is_counted_out_of_the_shares(make_sim) -> None:
+    """A node that handed its partitions over for falling behind does not campaign for a while;
+    its path quick again, it claims and says nothing else is wrong. Counted in, it made each of
+    the two others one over its share, and they handed a partition back and forth, unled for a
+    moment at each pass (a chaos run: 5 s without a leader for one). Counted out, the two keep
+    four each until it campaigns again, then it gets its share."""
+    sim, jobs = make_sim(total=8, jobs=32)
+    sim.advance_until(lambda: balanced(sim, 8, ["n1", "n2", "n3"]), limit=20)
+    runner = sim.nodes["n3"].runner
+    runner.pace._hand_over("a test's slow path", ("n1", 0.1))
+    sim.advance_until(lambda: settled(sim, 8, ["n1", "n2"]), limit=10)
+    terms = LeadershipTerm.objects.count()
+    first = sim.clock.now() + 1
+    while runner.pace.yielding():
+        sim.advance(0.1)
+        assert settled(sim, 8, ["n1", "n2"]), f"partitions led: {leaders(sim)}"
+    assert LeadershipTerm.objects.count() == terms, "partitions changed hands meanwhile"
+    sim.advance_until(lambda: balanced(sim, 8, ["n1", "n2", "n3"]), limit=30)
+    sim.advance(2)
+    assert_each_slot_once(sim, jobs, first, sim.clock.now() - 1.5)
+    assert_terms_held_once()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_node_cut_off_from_its_database_leads_no_partition(make_sim) -> None:
     sim, jobs = make_sim(total=4)
     sim.advance_until(lambda: settled(sim, 4, ["n1", "n2", "n3"]), limit=15)
