@@ -129,7 +129,7 @@ def test_answers_that_each_come_past_the_bound_keep_the_node_unreachable(
                 seen.append(health.observe())  # between two late answers
     assert not any(state.reachable for state in seen)
     assert seen[-1].since == seen[0].since  # one outage, from the first stall
-    with health.thread(control=False, bounded=True), calls_that(lambda: clock.advance(1.6)):
+    with health.thread(control=False), calls_that(lambda: clock.advance(1.6)):
         select_one()  # nor does a work call answered as late
     assert not health.observe().reachable
     with health.thread(control=False):
