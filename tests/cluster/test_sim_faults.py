@@ -293,6 +293,26 @@ def _slow_path(sim: SimCluster, node_id: str, seconds: float) -> None:
     sim.nodes[node_id].runner.database.round_trip_s = lambda: seconds
 
 
+def _slow_leader(make_sim, leader_s: float, peers_s: float) -> tuple[SimCluster, str]:
+    """A cluster leading one job whose leader's round trip is ``leader_s``, its peers'
+    ``peers_s``, every presence carrying its own."""
+    sim = make_sim()
+    sim.create_job(name="tick")
+    sim.advance(3)
+    leader = sim.leader()
+    assert leader is not None
+    for node_id in sim.nodes:
+        _slow_path(sim, node_id, leader_s if node_id == leader else peers_s)
+    sim.advance(1)  # every presence carries its round trip
+    return sim, leader
+
+
+def _handed_over(sim: SimCluster, leader: str) -> None:
+    assert sim.leader() not in (None, leader)
+    ended = LeadershipTerm.objects.filter(node_id=leader).exclude(ended_at=None).get()
+    assert ended.end_reason == "fell_behind"
+
+
 @pytest.mark.parametrize(("peers_s", "hands_over"), [(0.001, True), (0.25, False)])
 def test_a_leader_that_falls_behind_on_a_slow_path_of_its_own_hands_over(
     make_sim, peers_s, hands_over
@@ -300,14 +320,7 @@ def test_a_leader_that_falls_behind_on_a_slow_path_of_its_own_hands_over(
     """A leader whose ticks keep beginning after their slots, with a database round trip far
     slower than its peers', hands leadership over (term ended "fell_behind") and does not campaign
     again for a while; when every node's path is as slow (the database itself), it stays."""
-    sim = make_sim()
-    sim.create_job(name="tick")
-    sim.advance(3)
-    leader = sim.leader()
-    assert leader is not None
-    for node_id in sim.nodes:
-        _slow_path(sim, node_id, 0.25 if node_id == leader else peers_s)
-    sim.advance(1)  # every presence carries its round trip
+    sim, leader = _slow_leader(make_sim, 0.25, peers_s)
     runner = sim.nodes[leader].runner
     for _ in range(3):
         runner.pace.judge_tick(1.4)
@@ -316,9 +329,7 @@ def test_a_leader_that_falls_behind_on_a_slow_path_of_its_own_hands_over(
     if not hands_over:
         assert sim.leader() == leader
         return
-    assert sim.leader() not in (None, leader)
-    ended = LeadershipTerm.objects.filter(node_id=leader).exclude(ended_at=None).get()
-    assert ended.end_reason == "fell_behind"
+    _handed_over(sim, leader)
     sim.kill(sim.leader())
     sim.advance(5)
     assert sim.leader() not in (None, leader)  # the third node: the slow one holds back
@@ -340,14 +351,7 @@ def test_a_leader_pass_that_overruns_on_a_slow_path_hands_over_mid_pass(
     """A leader pass still running OVERRUN_S after it began, whose quickest database call since is
     far slower than a peer's usual round trip, hands over at once (the database watch sees it),
     not after BEHIND_TICKS late passes."""
-    sim = make_sim()
-    sim.create_job(name="tick")
-    sim.advance(3)
-    leader = sim.leader()
-    assert leader is not None
-    for node_id in sim.nodes:
-        _slow_path(sim, node_id, floor_s if node_id == leader else peers_s)
-    sim.advance(1)  # every presence carries its round trip
+    sim, leader = _slow_leader(make_sim, floor_s, peers_s)
     runner = sim.nodes[leader].runner
     runner.database.fastest_since = lambda since: floor_s
     runner.pace.pass_began = runner.clock.monotonic() - (OVERRUN_S - 0.2)
@@ -361,9 +365,7 @@ def test_a_leader_pass_that_overruns_on_a_slow_path_hands_over_mid_pass(
     if not hands_over:
         assert sim.leader() == leader
         return
-    assert sim.leader() not in (None, leader)
-    ended = LeadershipTerm.objects.filter(node_id=leader).exclude(ended_at=None).get()
-    assert ended.end_reason == "fell_behind"
+    _handed_over(sim, leader)
 
 
 @pytest.mark.parametrize(("peers_s", "steps_back"), [(0.001, True), (0.25, False)])
@@ -424,14 +426,7 @@ def test_a_leader_whose_every_call_is_slow_hands_over_though_no_pass_overruns(
     short enough never to overrun, and whose ticks are not yet late BEHIND_TICKS in a row, hands
     leadership over at the claim judgement that steps it back from claiming; with every node as
     slow it leads on."""
-    sim = make_sim()
-    sim.create_job(name="tick")
-    sim.advance(3)
-    leader = sim.leader()
-    assert leader is not None
-    for node_id in sim.nodes:
-        _slow_path(sim, node_id, 0.375 if node_id == leader else peers_s)
-    sim.advance(1)  # every presence carries its round trip
+    sim, leader = _slow_leader(make_sim, 0.375, peers_s)
     runner = sim.nodes[leader].runner
     runner.database.fastest_since = lambda since: 0.375
     sim.advance(1)
@@ -440,9 +435,7 @@ def test_a_leader_whose_every_call_is_slow_hands_over_though_no_pass_overruns(
     if not hands_over:
         assert sim.leader() == leader
         return
-    assert sim.leader() not in (None, leader)
-    ended = LeadershipTerm.objects.filter(node_id=leader).exclude(ended_at=None).get()
-    assert ended.end_reason == "fell_behind"
+    _handed_over(sim, leader)
 
 
 # --- a worker SIGKILLed mid-run -------------------------------------------------------------------
