@@ -24,9 +24,9 @@ answered within the bound (an answer later than that comes over a link as slow a
 statement whose open connection broke at once (gone away, lost) is the one exception while it is
 the only failure since the newest answer: a connection left over from before a server restart
 breaks so, so the thread's reconnect decides (a failed connect counts at once), or the limit +
-STALL_MARGIN_S without an answer does. The leader's
-elector asks :meth:`DatabaseHealth.able` before every renewal and before campaigning: a leader that
-cannot reach its database releases its lease, and a node that cannot reach it does not campaign.
+STALL_MARGIN_S without an answer does. The leader's elector asks :meth:`DatabaseHealth.able`
+before every renewal and before campaigning: a leader that cannot reach its database releases its
+lease, and a node that cannot reach it does not campaign.
 
 Calls are seen through the thread's own connection: its statements (an execute wrapper), and its
 connect, commit, rollback and autocommit switches (a COMMIT whose answer is held hangs like any

@@ -838,7 +838,8 @@ class NodeRunner:
         """How many live nodes can lead (not cut off from the database, not draining, not holding
         its claims back on a slow path, not yielding after it fell behind; this one included), the
         fewest partitions another of them leads (None: no other), and how many more the others
-        could lead before each reaches its share; from the presences, read at most every BALANCE_VIEW_S."""
+        could lead before each reaches its share; from the presences, read at most every
+        BALANCE_VIEW_S."""
         now = self.clock.monotonic()
         if now - self._balance[0] < BALANCE_VIEW_S:
             return self._balance[1:]
