@@ -161,9 +161,9 @@ class DatabaseHealth:
         self._next_call = 0
         # Calls are ordered by when they began (a counter: two may begin at one clock reading).
         self._answered = 0  # the newest-begun call answered within the stall bound
-        self._failed: _Failure | None = None  # the newest call to fail with a connection error
-        # The newest control call answered only past its stall bound (key, began, why).
-        self._late: tuple[int, float, str] | None = None
+        # The newest call to fail with a connection error, or control call answered only past
+        # its stall bound.
+        self._failed: _Failure | None = None
         self._state = Reachability(True)
         self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
         # (began, took) of the newest answered control calls: the floor of a stretch of calls.
@@ -236,14 +236,6 @@ class DatabaseHealth:
                 f"{now - oldest.started:.1f} s (limit {self.limit_s:g} s)",
                 oldest.started,
             )
-        late = self._late
-        if late is not None and late[0] > self._answered:
-            # Answered, but only past the bound, and nothing begun since has been answered in
-            # time: a link that slow keeps every call of this node late. Counting the late answer
-            # as the path's recovery made such a node reachable for half a second after each
-            # one: it flapped, kept its presence and its bodies' job locks while it could do no
-            # work, and the cluster took none of its work for the whole fault.
-            return Reachability(False, late[2], late[1])
         failed = self._failed
         if failed is not None and failed.key > self._answered:
             # A connection that broke at once under a statement may only have been left over from
@@ -319,32 +311,32 @@ class DatabaseHealth:
             if error is not None and is_connection_error(error):
                 with contextlib.suppress(AttributeError):
                     error.scheduler_seen = True  # type: ignore[attr-defined]
-                previous = self._failed
-                if previous is None or key > previous.key:
-                    # The first failure since the newest answer starts the outage; a quick break
-                    # of an open connection is only a suspicion (see _judge), a second failure
-                    # without an answer between is not.
-                    first = previous is None or previous.key < self._answered
-                    quick_break = (
-                        in_call and call.what != CONNECTING and now - call.started < self.stall_s
-                    )
-                    self._failed = _Failure(
-                        key,
-                        call.started if first or previous is None else previous.since,
-                        f"{call.what} of {call.thread} failed after {now - call.started:.1f} s: "
-                        f"{_one_line(error)}",
-                        now if first and quick_break else None,
-                    )
+                quick_break = (
+                    in_call and call.what != CONNECTING and now - call.started < self.stall_s
+                )
+                self._failure_locked(
+                    key,
+                    call,
+                    f"{call.what} of {call.thread} failed after {now - call.started:.1f} s: "
+                    f"{_one_line(error)}",
+                    now if quick_break else None,
+                )
             else:
                 took = now - call.started
                 if took < self.stall_s:
                     self._answered = max(self._answered, key)
-                elif call.control and (self._late is None or key > self._late[0]):
-                    self._late = (
+                elif call.control:
+                    # Answered, but past the bound: a link that slow keeps every call of this
+                    # node late, so the answer counts as a failure, not as the path's recovery
+                    # (counted so, a node on such a link turned reachable for half a second after
+                    # each one: it flapped, kept its presence and its bodies' job locks while it
+                    # could do no work, and the cluster took none of its work for the fault).
+                    self._failure_locked(
                         key,
-                        call.started,
+                        call,
                         f"{call.what} of {call.thread} answered only after {took:.1f} s "
                         f"(limit {self.limit_s:g} s)",
+                        None,
                     )
                 if call.control:
                     self._round_trips.append(took)
@@ -352,6 +344,21 @@ class DatabaseHealth:
         # A failure makes the node unable now: say so at once, not at the next look.
         if error is not None:
             self.observe()
+
+    def _failure_locked(self, key: int, call: _Call, reason: str, broke_at: float | None) -> None:
+        """(``_lock`` held.) Call ``key`` failed. The first failure since the newest answer starts
+        the outage; a quick break of an open connection (``broke_at``) is only a suspicion (see
+        _judge), a second failure without an answer between is not."""
+        previous = self._failed
+        if previous is not None and key <= previous.key:
+            return
+        first = previous is None or previous.key < self._answered
+        self._failed = _Failure(
+            key,
+            call.started if first or previous is None else previous.since,
+            reason,
+            broke_at if first else None,
+        )
 
     def failed(self, error: BaseException, what: str = "a call") -> None:
         """Record a connection error seen outside a watched call (a loop's own handler); one a
