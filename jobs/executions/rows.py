@@ -187,6 +187,13 @@ class _JobCache:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def resize(self, limit: int) -> None:
+        """A new bound; the oldest entries past it go."""
+        with self._lock:
+            self.limit = limit
+            while len(self._jobs) > limit:
+                self._jobs.popitem(last=False)
+
     def current(
         self, ids: set[int], known: dict[int, tuple[Any, Any]] | None = None
     ) -> dict[int, Job]:
@@ -251,8 +258,5 @@ _job_cache = _JobCache()
 
 
 def set_job_cache_size(size: int) -> None:
-    """Bound this process's job cache to ``size`` jobs (0: keep none); the entries past it go."""
-    with _job_cache._lock:
-        _job_cache.limit = size
-        while len(_job_cache._jobs) > size:
-            _job_cache._jobs.popitem(last=False)
+    """Bound this process's job cache to ``size`` jobs (0: keep none)."""
+    _job_cache.resize(size)
