@@ -20,6 +20,7 @@ from django.db import OperationalError
 
 from cluster import node as node_module
 from cluster.coordination.memory import MemoryBackend
+from cluster.executor.claimer import CLAIM_PASS_MIN_S
 from cluster.models import NodeStatus, SchedulerNode
 from cluster.node import NodeConfig, NodeRunner
 from tests.cluster.harness import wait_for
@@ -340,6 +341,54 @@ def test_the_stop_ends_the_spacing() -> None:
     began = time.monotonic()
     node_module.wait_after_pass(5.0, 5.0, stop=stop, wake=wake)
     assert time.monotonic() - began < 1.0
+
+
+@pytest.mark.parametrize(
+    ("claimers", "spacing", "poll"),
+    [(0, 0.05, 0.1), (1, 0.05, 0.1), (4, 0.05, 0.1), (8, 0.1, 0.2), (10, 0.125, 0.25)],
+)
+def test_claim_passes_are_spaced_by_how_many_nodes_claim(
+    claimers: int, spacing: float, poll: float
+) -> None:
+    assert node_module.claim_pace(claimers, 0.1) == pytest.approx((spacing, poll))
+
+
+def test_a_longer_claim_poll_of_its_own_is_kept() -> None:
+    assert node_module.claim_pace(10, 2.0) == pytest.approx((0.125, 2.0))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("others", "took", "spacing", "wait"),
+    [
+        # Took less than it had room for: the claimer asks for its next pass CLAIM_PASS_MIN_S
+        # on, no sooner than the spacing.
+        (0, 3, 0.05, 0.05),
+        (9, 3, 0.125, 0.125),
+        # Found nothing: the poll.
+        (0, 0, 0.05, 0.1),
+        (9, 0, 0.125, 0.25),
+    ],
+)
+def test_a_node_among_many_claimers_claims_and_polls_less_often(
+    others: int, took: int, spacing: float, wait: float, monkeypatch
+) -> None:
+    backend = MemoryBackend()
+    for index in range(others):
+        backend.heartbeat(f"other-{index}", 60_000, {})
+    # One that claims nothing (its path too slow) is not counted.
+    backend.heartbeat("held-back", 60_000, {"claims_held_back": True})
+    runner = NodeRunner(NodeConfig(node_id="spacing"), backend)
+
+    def claim() -> int:
+        claimer = runner.executor.claimer
+        claimer.idle_reason = None if took else "nothing due"
+        claimer.next_claim_in = CLAIM_PASS_MIN_S if took else None
+        return took
+
+    monkeypatch.setattr(runner.executor, "claim_once", claim)
+    assert runner.claim_once() == pytest.approx(wait)
+    assert runner.claim_spacing_s == pytest.approx(spacing)
 
 
 @pytest.mark.django_db(transaction=True)
