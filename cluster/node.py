@@ -338,6 +338,8 @@ class NodeRunner:
         self.partition_count = 1
         self.seats: list[Seat] = []
         self._balance: tuple[float, int, int | None, int] = (float("-inf"), 1, None, 0)
+        # When the live claimers were last counted, and how many there were (_claimers).
+        self._claimers_view: tuple[float, int] = (float("-inf"), 1)
         self._next_hand_back = 0.0
         self._last_sweep = float("-inf")
         self._last_partition_check = self.clock.monotonic()
@@ -1123,10 +1125,23 @@ class NodeRunner:
         return 0.0 if claimed else poll_s
 
     def _claimers(self) -> int:
-        """How many live nodes claim (this one included): the nodes able to lead, as the
-        balance between partitions counts them (read at most every BALANCE_VIEW_S). With one
-        partition that view is read for this alone."""
-        return self._balance_view()[0]
+        """How many live nodes claim (this one included): those not cut off from the database,
+        not draining and not holding their claims back, from the presences, read at most every
+        BALANCE_VIEW_S. A count of its own, not the election's view: a claim pass refreshing
+        that view would move when the election thread next reads the presences (a drained
+        node's partitions were taken later)."""
+        now = self.clock.monotonic()
+        if now - self._claimers_view[0] >= BALANCE_VIEW_S:
+            others = sum(
+                1
+                for node_id, presence in self._live_nodes().items()
+                if node_id != self.config.node_id
+                and presence.get("database") != DATABASE_UNREACHABLE
+                and not presence.get("draining")
+                and not presence.get("claims_held_back")
+            )
+            self._claimers_view = (now, 1 + others)
+        return self._claimers_view[1]
 
     def _note_claim_idle(self, reason: str | None) -> None:
         """Log, at most every CLAIM_IDLE_LOG_S, that this node has claimed nothing for a reason of
