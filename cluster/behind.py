@@ -21,14 +21,14 @@ logs one INFO with how long it was behind and the worst lag seen.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from cluster import node_metrics
 from cluster.clock import Clock
-from cluster.models import LeadershipTerm
+from cluster.models import LeadershipTerm, NodeStatus
 from cluster.scheduler import earliest_fire_and_partition, earliest_next_fire
 from jobs import partitioning
 from jobs.models import JobExecution
@@ -104,7 +104,7 @@ def reasons(
     *,
     threshold_s: float,
     round_trip_s: float | None,
-    served_queues: Iterable[str] | None,
+    served_queues: Mapping[str, str] | Iterable[str] | None,
 ) -> list[str]:
     """Why the cluster is behind, most telling first (pure: the figures are passed in)."""
     why = []
@@ -122,11 +122,36 @@ def reasons(
         why.append(
             f"claims: {waiting} due runs{queue} waiting unclaimed, the oldest {lag.claims_s:.1f} s"
         )
-        if lag.queue and served_queues is not None and lag.queue not in set(served_queues):
-            why.append(f"no live node serves queue {lag.queue!r}")
+        if lag.queue and served_queues is not None:
+            unserved = _unserved(lag.queue, served_queues)
+            if unserved:
+                why.append(unserved)
     if round_trip_s is not None and round_trip_s >= SLOW_ROUND_TRIP_S:
         why.append(f"the database: a round trip takes {round_trip_s * 1000:.0f} ms from the leader")
     return why
+
+
+def _unserved(queue: str, served_queues: Mapping[str, str] | Iterable[str]) -> str | None:
+    """Why no node claims from ``queue``, if that is why (None when an active node serves it).
+    ``served_queues`` maps each queue to the liveliest status of the nodes that serve it
+    (``selectors.served_queues``); a plain list names queues active nodes serve."""
+    status = (
+        served_queues.get(queue)
+        if isinstance(served_queues, Mapping)
+        else (NodeStatus.ACTIVE if queue in set(served_queues) else None)
+    )
+    if status == NodeStatus.ACTIVE:
+        return None
+    if status == NodeStatus.DRAINING:
+        return f"every node that serves queue {queue!r} is draining"
+    if status == NodeStatus.DEAD:
+        # Declared dead, not gone for good: a node starved of CPU, paused or cut off misses its
+        # heartbeats and rejoins when it beats again. Not a queue nobody is configured for.
+        return (
+            f"every node that serves queue {queue!r} is declared dead (missed heartbeats: "
+            "stopped, paused, starved of CPU or cut off)"
+        )
+    return f"no live node serves queue {queue!r}"
 
 
 class BehindWatch:
@@ -140,7 +165,7 @@ class BehindWatch:
         clock: Clock,
         threshold_s: float,
         round_trip_s: Callable[[], float | None] = lambda: None,
-        served_queues: Callable[[], Iterable[str] | None] = lambda: None,
+        served_queues: Callable[[], Mapping[str, str] | Iterable[str] | None] = lambda: None,
     ) -> None:
         self.node_id = node_id
         self.clock = clock

@@ -112,14 +112,22 @@ def cluster_state(*, now: datetime | None = None) -> dict[str, Any]:
     }
 
 
-def served_queues() -> list[str]:
-    """The queues some active node serves (read when the leader says why it is behind)."""
-    served: set[str] = set()
-    for queues in SchedulerNode.objects.filter(status=NodeStatus.ACTIVE).values_list(
-        "queues", flat=True
+# The liveliest first: a queue one active node serves is served, whatever the others' state.
+_LIVELINESS = (NodeStatus.ACTIVE, NodeStatus.DRAINING, NodeStatus.DEAD)
+
+
+def served_queues() -> dict[str, str]:
+    """Each queue some node that has not stopped serves, and the liveliest status among those
+    nodes (active, draining or dead; read when the leader says why it is behind)."""
+    served: dict[str, str] = {}
+    for status, queues in SchedulerNode.objects.filter(status__in=_LIVELINESS).values_list(
+        "status", "queues"
     ):
-        served.update(queues or [])
-    return sorted(served)
+        for queue in queues or []:
+            known = served.get(queue)
+            if known is None or _LIVELINESS.index(status) < _LIVELINESS.index(known):
+                served[queue] = status
+    return served
 
 
 def leader_behind(leader: str | None) -> dict[str, Any] | None:

@@ -121,6 +121,54 @@ def test_the_reasons_name_the_tick_the_claims_an_unserved_queue_and_a_slow_datab
     assert reasons(Lag(fires_s=1.0), threshold_s=5.0, round_trip_s=None, served_queues=[]) == []
 
 
+@pytest.mark.parametrize(
+    ("served", "said"),
+    [
+        ({"reports": "active", "default": "dead"}, None),
+        ({"reports": "draining"}, "every node that serves queue 'reports' is draining"),
+        (
+            {"reports": "dead"},
+            "every node that serves queue 'reports' is declared dead (missed heartbeats: "
+            "stopped, paused, starved of CPU or cut off)",
+        ),
+        ({"default": "active"}, "no live node serves queue 'reports'"),
+    ],
+)
+def test_a_queue_whose_nodes_are_dead_or_draining_is_not_called_unserved(served, said):
+    lag = Lag(claims_s=31.0, waiting=3, queue="reports")
+    why = reasons(lag, threshold_s=5.0, round_trip_s=None, served_queues=served)
+    assert why[1:] == ([said] if said else [])
+
+
+@pytest.mark.django_db
+def test_served_queues_name_the_liveliest_state_of_their_nodes():
+    from cluster.models import NodeStatus, SchedulerNode
+
+    rows = [
+        ("a", NodeStatus.DEAD, ["default", "reports"]),
+        ("b", NodeStatus.ACTIVE, ["default"]),
+        ("c", NodeStatus.DRAINING, ["reports", "gpu"]),
+        ("d", NodeStatus.STOPPED, ["archive"]),
+        ("e", NodeStatus.DEAD, ["mail"]),
+    ]
+    for node_id, status, queues in rows:
+        SchedulerNode.objects.create(
+            node_id=f"served-{node_id}",
+            hostname="h",
+            pid=1,
+            status=status,
+            queues=queues,
+            started_at=NOW,
+            last_heartbeat=NOW,
+        )
+    assert selectors.served_queues() == {
+        "default": "active",
+        "reports": "draining",
+        "gpu": "draining",
+        "mail": "dead",
+    }
+
+
 def test_one_warning_on_falling_behind_one_info_on_catching_up(metrics, caplog):
     clock = SettableClock(1_800_000_000.0)
     watch = BehindWatch(
