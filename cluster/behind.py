@@ -104,7 +104,7 @@ def reasons(
     *,
     threshold_s: float,
     round_trip_s: float | None,
-    served_queues: Mapping[str, str] | Iterable[str] | None,
+    served_queues: Mapping[str, str] | None,
 ) -> list[str]:
     """Why the cluster is behind, most telling first (pure: the figures are passed in)."""
     why = []
@@ -131,15 +131,11 @@ def reasons(
     return why
 
 
-def _unserved(queue: str, served_queues: Mapping[str, str] | Iterable[str]) -> str | None:
+def _unserved(queue: str, served_queues: Mapping[str, str]) -> str | None:
     """Why no node claims from ``queue``, if that is why (None when an active node serves it).
     ``served_queues`` maps each queue to the liveliest status of the nodes that serve it
-    (``selectors.served_queues``); a plain list names queues active nodes serve."""
-    status = (
-        served_queues.get(queue)
-        if isinstance(served_queues, Mapping)
-        else (NodeStatus.ACTIVE if queue in set(served_queues) else None)
-    )
+    (``selectors.served_queues``)."""
+    status = served_queues.get(queue)
     if status == NodeStatus.ACTIVE:
         return None
     if status == NodeStatus.DRAINING:
@@ -165,7 +161,7 @@ class BehindWatch:
         clock: Clock,
         threshold_s: float,
         round_trip_s: Callable[[], float | None] = lambda: None,
-        served_queues: Callable[[], Mapping[str, str] | Iterable[str] | None] = lambda: None,
+        served_queues: Callable[[], Mapping[str, str] | None] = lambda: None,
     ) -> None:
         self.node_id = node_id
         self.clock = clock

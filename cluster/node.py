@@ -290,6 +290,16 @@ def claim_pace(claimers: int, poll_s: float) -> tuple[float, float]:
     )
 
 
+def _claims(presence: dict[str, object]) -> bool:
+    """Whether a live node's presence says it claims: not cut off from its database, not
+    draining, not holding its claims back on a slow path."""
+    return not (
+        presence.get("database") == DATABASE_UNREACHABLE
+        or presence.get("draining")
+        or presence.get("claims_held_back")
+    )
+
+
 def wait_after_pass(
     delay: float, least: float, *, stop: threading.Event, wake: threading.Event
 ) -> None:
@@ -870,12 +880,7 @@ class NodeRunner:
         for node_id, presence in self._live_nodes().items():
             if node_id == self.config.node_id:
                 continue
-            if (
-                presence.get("database") == DATABASE_UNREACHABLE
-                or presence.get("draining")
-                or presence.get("claims_held_back")
-                or presence.get("yielding")
-            ):
+            if not _claims(presence) or presence.get("yielding"):
                 # Cut off, leaving, on a path too slow to claim, or holding back from campaigning
                 # after it fell behind (it takes no partition then): a partition handed over to
                 # it would wait for it, and two nodes each over a share that counted it handed
@@ -1135,10 +1140,7 @@ class NodeRunner:
             others = sum(
                 1
                 for node_id, presence in self._live_nodes().items()
-                if node_id != self.config.node_id
-                and presence.get("database") != DATABASE_UNREACHABLE
-                and not presence.get("draining")
-                and not presence.get("claims_held_back")
+                if node_id != self.config.node_id and _claims(presence)
             )
             self._claimers_view = (now, 1 + others)
         return self._claimers_view[1]

@@ -108,17 +108,21 @@ def test_the_read_of_unclaimed_runs_is_bounded(monkeypatch):
 
 def test_the_reasons_name_the_tick_the_claims_an_unserved_queue_and_a_slow_database():
     lag = Lag(fires_s=12.4, claims_s=31.0, waiting=212, queue="reports")
-    assert reasons(lag, threshold_s=5.0, round_trip_s=0.041, served_queues=["default"]) == [
+    assert reasons(
+        lag, threshold_s=5.0, round_trip_s=0.041, served_queues={"default": "active"}
+    ) == [
         "the leader's tick: fires written 12.4 s after they were due",
         "claims: 212 due runs in queue 'reports' waiting unclaimed, the oldest 31.0 s",
         "no live node serves queue 'reports'",
         "the database: a round trip takes 41 ms from the leader",
     ]
-    assert reasons(lag, threshold_s=5.0, round_trip_s=0.002, served_queues=["reports"]) == [
+    assert reasons(
+        lag, threshold_s=5.0, round_trip_s=0.002, served_queues={"reports": "active"}
+    ) == [
         "the leader's tick: fires written 12.4 s after they were due",
         "claims: 212 due runs in queue 'reports' waiting unclaimed, the oldest 31.0 s",
     ]
-    assert reasons(Lag(fires_s=1.0), threshold_s=5.0, round_trip_s=None, served_queues=[]) == []
+    assert reasons(Lag(fires_s=1.0), threshold_s=5.0, round_trip_s=None, served_queues={}) == []
 
 
 @pytest.mark.parametrize(
@@ -172,7 +176,7 @@ def test_served_queues_name_the_liveliest_state_of_their_nodes():
 def test_one_warning_on_falling_behind_one_info_on_catching_up(metrics, caplog):
     clock = SettableClock(1_800_000_000.0)
     watch = BehindWatch(
-        node_id=NODE, clock=clock, threshold_s=5.0, served_queues=lambda: ["default"]
+        node_id=NODE, clock=clock, threshold_s=5.0, served_queues=lambda: {"default": "active"}
     )
     caplog.set_level(logging.INFO, logger="cluster.behind")
 
